@@ -1,0 +1,118 @@
+"""Numerics and argument checking of `rpg_per_token_loss`: extreme ratios, NaN inputs, masking, ValueErrors."""
+
+import pytest
+import torch
+
+from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+
+PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
+CLIPS = [{}, dict(epsilon_low=0.2, epsilon_high=0.28, dual_clip_c=10.0)]
+
+
+@pytest.mark.parametrize("divergence,estimator", PAIRS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("clip", CLIPS)
+def test_extreme_log_ratios_give_finite_loss_and_gradient(divergence, estimator, dtype, clip):
+    log_w = torch.tensor([-80.0, -40.0, -20.0, -1.0, 0.0, 1.0, 20.0, 40.0, 80.0])
+    logmu = torch.full_like(log_w, -3.0)
+    logp = (logmu + log_w).to(dtype).unsqueeze(0).repeat(2, 1).requires_grad_(True)
+    ref = torch.stack([logmu + 80.0, logmu - 80.0]).to(dtype)  # rho = e^80 and e^-80
+    adv = torch.tensor([1.0, -1.0], dtype=dtype)
+    loss, stats = rpg_per_token_loss(logp, logmu.expand(2, -1).to(dtype), adv, torch.ones_like(logp),
+                                     ref_logps=ref, divergence=divergence, estimator=estimator, beta=0.1, **clip)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all()
+    assert torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in stats.values())
+
+
+@pytest.mark.parametrize("divergence,estimator", PAIRS)
+@pytest.mark.parametrize("which", ["sampling", "ref", "advantage"])
+def test_nan_inputs_are_excluded_and_counted(divergence, estimator, which):
+    torch.manual_seed(0)
+    logp = (torch.randn(3, 5, dtype=torch.float64) - 2).requires_grad_(True)
+    logmu = logp.detach() + 0.1 * torch.randn(3, 5, dtype=torch.float64)
+    ref = logp.detach() + 0.1 * torch.randn(3, 5, dtype=torch.float64)
+    adv = torch.randn(3, 5, dtype=torch.float64)
+    mask = torch.ones(3, 5, dtype=torch.float64)
+    mask[2, 3:] = 0
+    bad = torch.zeros(3, 5, dtype=torch.bool)
+    bad[0, 1] = bad[1, 4] = bad[2, 4] = True  # (2, 4) is masked out anyway: excluded but not counted
+    tensors = {"sampling": logmu, "ref": ref, "advantage": adv}
+    corrupted = {k: v.clone() for k, v in tensors.items()}
+    corrupted[which][bad] = float("nan")
+    kwargs = dict(divergence=divergence, estimator=estimator, beta=0.3)
+
+    loss, stats = rpg_per_token_loss(logp, corrupted["sampling"], corrupted["advantage"], mask,
+                                     ref_logps=corrupted["ref"], **kwargs)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
+    assert stats["excluded_tokens"].item() == 2
+    assert stats["valid_tokens"].item() == mask.sum().item() - 2
+    assert (loss[bad] == 0).all() and (logp.grad[bad] == 0).all()
+
+    # the remaining tokens are untouched: same loss as with the bad tokens masked out
+    clean_mask = mask.clone()
+    clean_mask[bad] = 0
+    ref_loss, ref_stats = rpg_per_token_loss(logp.detach(), logmu, adv, clean_mask, ref_logps=ref, **kwargs)
+    torch.testing.assert_close(loss.detach(), ref_loss)
+    torch.testing.assert_close(stats["divergence"], ref_stats["divergence"])
+
+
+def test_loss_is_exactly_zero_outside_the_mask():
+    torch.manual_seed(1)
+    logp = torch.randn(4, 6, requires_grad=True)
+    mask = (torch.rand(4, 6) > 0.4).float()
+    loss, _ = rpg_per_token_loss(logp, logp.detach() - 0.2, torch.randn(4), mask, beta=0.1)
+    assert (loss[mask == 0] == 0).all()
+    assert (loss[mask == 1] != 0).all()
+
+
+def test_bfloat16_inputs_are_computed_in_float32():
+    logp = torch.randn(2, 3).to(torch.bfloat16)
+    loss, _ = rpg_per_token_loss(logp, logp, torch.ones(2), torch.ones(2, 3))
+    assert loss.dtype == torch.float32
+
+
+def _args():
+    logp = torch.zeros(2, 3)
+    return (logp, logp.clone(), torch.zeros(2), torch.ones(2, 3))
+
+
+@pytest.mark.parametrize(
+    "change,argument",
+    [
+        (dict(divergence="kl"), "divergence"),
+        (dict(estimator="ppo"), "estimator"),
+        (dict(beta=-1.0), "beta"),
+        (dict(beta=float("nan")), "beta"),
+        (dict(epsilon_low=-0.1), "epsilon_low"),
+        (dict(epsilon_low=0.2, epsilon_high=-0.1), "epsilon_high"),
+        (dict(epsilon_high=0.2), "epsilon_high"),
+        (dict(epsilon_low=0.2, dual_clip_c=1.0), "dual_clip_c"),
+        (dict(epsilon_low=0.2, dual_clip_c=0.5), "dual_clip_c"),
+        (dict(dual_clip_c=3.0), "dual_clip_c"),
+        (dict(ref_logps=torch.zeros(2, 4)), "ref_logps"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_the_argument(change, argument):
+    with pytest.raises(ValueError, match=f"`{argument}`"):
+        rpg_per_token_loss(*_args(), **change)
+
+
+@pytest.mark.parametrize(
+    "position,value,argument",
+    [
+        (1, torch.zeros(2, 4), "sampling_logps"),
+        (2, torch.zeros(3), "advantages"),
+        (3, torch.ones(2, 3, dtype=torch.long), "mask"),
+        (3, torch.ones(2, 3, dtype=torch.bool), "mask"),
+        (3, torch.ones(2, 4), "mask"),
+        (0, torch.zeros(6), "logps"),
+    ],
+)
+def test_bad_tensors_raise_value_error_naming_the_argument(position, value, argument):
+    args = list(_args())
+    args[position] = value
+    with pytest.raises(ValueError, match=f"`{argument}`"):
+        rpg_per_token_loss(*args)
