@@ -1,0 +1,25 @@
+"""trl-rpg: Regularized Policy Gradient (RPG) for TRL.
+
+`RPGTrainer` / `RPGConfig` are drop-in replacements for TRL's `GRPOTrainer` / `GRPOConfig` that train with the RPG
+objectives of Zhang et al., "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning"
+(ICLR 2026, arXiv:2505.17508). The objective library `trl_rpg.objectives` is torch-only.
+"""
+
+from .objectives import rpg_per_token_loss
+
+__version__ = "0.1.0"
+
+__all__ = ["RPGConfig", "RPGTrainer", "rpg_per_token_loss", "__version__"]
+
+
+def __getattr__(name):
+    # The trainer pulls in TRL/transformers; import it lazily so `trl_rpg.objectives` stays light.
+    if name == "RPGConfig":
+        from .config import RPGConfig
+
+        return RPGConfig
+    if name == "RPGTrainer":
+        from .trainer import RPGTrainer
+
+        return RPGTrainer
+    raise AttributeError(f"module 'trl_rpg' has no attribute {name!r}")

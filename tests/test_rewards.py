@@ -1,0 +1,301 @@
+import importlib.util
+import pickle
+import threading
+import time
+
+import pytest
+
+from trl_rpg import rewards
+from trl_rpg.rewards import (
+    answer_reward,
+    completion_to_text,
+    extract_answer,
+    is_equivalent,
+    make_overlong_punishment,
+    math_reward,
+    normalize_answer,
+)
+
+needs_math_verify = pytest.mark.skipif(
+    importlib.util.find_spec("math_verify") is None, reason="math-verify is not installed"
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# extract_answer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Answer: 540", "540"),
+        ("Some reasoning.\n\nAnswer: 540", "540"),
+        ("Answer: $\\frac{1}{2}$", "\\frac{1}{2}"),
+        ("Answer: $\\frac{1}{2}$.", "\\frac{1}{2}"),
+        ("Answer: 33.", "33"),
+        ("Answer:   $$ 7 $$  ", "7"),
+        ("Answer: \\(12\\)", "12"),
+        ("Answer: \\boxed{204}", "204"),
+        ("Answer: $\\boxed{\\dfrac{3}{4}}$", "\\dfrac{3}{4}"),
+        ("**Answer:** 45", "45"),
+        ("**Answer**: $45$", "45"),
+        ("Final Answer: 113", "113"),
+        ("answer: 9", "9"),
+        ("Answer:\n$540$", "540"),
+        ("Answer: 1\nmore thinking\nAnswer: 2", "2"),
+        ("First Answer: 3 then Answer: 4", "4"),
+        ("Answer: 1\nAnswer: 2\nAnswer: 3", "3"),
+        ("so the result is \\boxed{33}", "33"),
+        ("\\boxed{1} and later \\boxed{33}.", "33"),
+        ("Thus $\\boxed{\\frac{a}{b}}$", "\\frac{a}{b}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}"),
+        ("\\fbox{12}", "12"),
+        ("\\boxed 5", "5"),
+        ("\\boxed{3} and a truncated \\boxed{4", "3"),
+        ("Answer: 10\n(so \\boxed{11} was a typo)", "10"),  # the Answer: line wins over \boxed
+        ("No final answer here.", None),
+        ("", None),
+        (None, None),
+        ("Answer:", None),
+        ("Answer: 5\nthinking more...\nAnswer:", None),  # an empty final Answer: line does not reuse earlier ones
+        ("\\boxed{5}\nAnswer:", "5"),
+        ("\\boxed{", None),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# normalize_answer
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("045", "45"),
+        ("  540 ", "540"),
+        ("540.", "540"),
+        ("$540$", "540"),
+        ("1,000", "1000"),
+        ("1{,}000", "1000"),
+        ("1\\,000", "1000"),
+        ("1,2", "1,2"),
+        ("+7", "7"),
+        ("-0", "0"),
+        ("5.0", "5"),
+        ("0.50", "0.5"),
+        ("100", "100"),
+        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\tfrac12", "\\frac{1}{2}"),
+        ("\\sqrt2", "\\sqrt{2}"),
+        ("\\left( 1, 2 \\right)", "(1,2)"),
+        ("\\text{(A)}", "(A)"),
+        ("\\textbf{7}", "7"),
+        ("336^\\circ", "336"),
+        ("336^{\\circ}", "336"),
+        ("50\\%", "50"),
+        ("5\\text{ cm}", "5"),
+        ("x = 5", "5"),
+        ("\\boxed{12}", "12"),
+        ("2\\!\\cdot\\!3", "2\\cdot3"),
+        (None, ""),
+        (12, "12"),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert normalize_answer(raw) == expected
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# is_equivalent
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("540", "540"),
+        ("045", "45"),
+        ("0.5", "\\frac{1}{2}"),
+        ("1/2", "\\frac{1}{2}"),
+        ("\\dfrac{1}{2}", "0.5"),
+        pytest.param("\\sqrt{2}", "2^{1/2}", marks=needs_math_verify),
+        pytest.param("x^2+1", "1+x^2", marks=needs_math_verify),
+        ("336", "336^\\circ"),
+        ("1,000", "1000"),
+        ("x = 5", "5"),
+    ],
+)
+def test_is_equivalent_true(pred, gold):
+    assert is_equivalent(pred, gold) is True
+
+
+@pytest.mark.parametrize(
+    "pred, gold",
+    [
+        ("540", "541"),
+        ("0.5", "\\frac{1}{3}"),
+        ("\\sqrt{2}", "2"),
+        ("-1", "1"),
+        ("", "5"),
+        (None, "5"),
+        ("5", None),
+        ("5", ""),
+        ("x+1", "x+2"),
+    ],
+)
+def test_is_equivalent_false(pred, gold):
+    assert is_equivalent(pred, gold) is False
+
+
+def test_is_equivalent_without_math_verify(monkeypatch):
+    """If math-verify is missing, normalised strings / exact rationals still work; symbolic cases do not."""
+    monkeypatch.setattr(rewards, "_mv_module", None)
+    assert rewards._load_math_verify() is None
+    assert is_equivalent("045", "45")
+    assert is_equivalent("0.5", "\\frac{1}{2}")
+    assert is_equivalent("\\dfrac{1}{2}", "1/2")
+    assert not is_equivalent("540", "541")
+    assert not is_equivalent("\\sqrt{2}", "2^{1/2}")  # needs math-verify
+    assert math_reward(["Answer: 045", "Answer: 46"], ground_truth=["45", "45"]) == [1.0, 0.0]
+
+
+@needs_math_verify
+def test_is_equivalent_use_math_verify_flag():
+    assert is_equivalent("\\sqrt{2}", "2^{1/2}", use_math_verify=True)
+    assert not is_equivalent("\\sqrt{2}", "2^{1/2}", use_math_verify=False)
+
+
+@needs_math_verify
+def test_is_equivalent_off_main_thread():
+    """math-verify's signal-based timeouts must not break when called from a worker thread."""
+    results = {}
+
+    def worker():
+        try:
+            results["value"] = (
+                is_equivalent("0.5", "\\frac{1}{2}"),
+                is_equivalent("\\sqrt{2}", "2^{1/2}"),
+                is_equivalent("\\sqrt{2}", "3"),
+                math_reward(["Answer: $2^{1/2}$"], ground_truth=["\\sqrt{2}"]),
+            )
+        except BaseException as e:  # noqa: BLE001  # pragma: no cover - reported by the assertion below
+            results["error"] = e
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join(timeout=60)
+    assert "error" not in results, results.get("error")
+    assert results["value"] == (True, True, False, [1.0])
+
+
+@pytest.mark.parametrize("pred", ["10^{10^{10}}", "2^3^4^5", "9^{123456789}", "100000!", "1" * 500])
+def test_pathological_answers_are_fast(pred):
+    """Answers that could make sympy hang are never handed to it (no timeout protection off the main thread)."""
+    results = {}
+
+    def worker():
+        start = time.perf_counter()
+        results["value"] = is_equivalent(pred, "7")
+        results["elapsed"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert results.get("value") is False
+    assert results["elapsed"] < 2.0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# math_reward
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_math_reward_ground_truth_column():
+    completions = ["Reasoning...\nAnswer: 540", "Answer: 541", "I give up.", "so \\boxed{\\frac{1}{2}}"]
+    assert math_reward(completions, ground_truth=["540", "540", "540", "0.5"]) == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_math_reward_reward_model_column_and_chat_completions():
+    completions = [
+        [{"role": "assistant", "content": "Answer: 045"}],
+        [{"role": "assistant", "content": "Answer: $\\frac{1}{3}$"}],
+    ]
+    reward_model = [
+        {"ground_truth": "45", "style": "rule-lighteval/MATH_v2"},
+        {"ground_truth": "0.5", "style": "rule-lighteval/MATH_v2"},
+    ]
+    assert math_reward(completions, reward_model=reward_model) == [1.0, 0.0]
+
+
+def test_math_reward_none_rows():
+    completions = ["Answer: 1", "Answer: 2", "Answer: 3", "Answer: 4", "Answer: 5"]
+    ground_truth = ["1", None, "", None, None]
+    reward_model = [None, {"ground_truth": "2"}, {"ground_truth": "3"}, {"ground_truth": ""}, None]
+    # row 0: ground_truth; rows 1-2: fall back to reward_model; rows 3-4: no reference -> None
+    assert math_reward(completions, ground_truth=ground_truth, reward_model=reward_model) == [
+        1.0,
+        1.0,
+        1.0,
+        None,
+        None,
+    ]
+    assert math_reward(["Answer: 1"]) == [None]
+
+
+def test_math_reward_trl_kwargs_and_logging():
+    logged = {}
+    out = math_reward(
+        completions=["Answer: 7", "Answer: 8"],
+        prompts=["p1", "p2"],
+        completion_ids=[[1, 2], [3]],
+        ground_truth=["7", ["9", "8"]],  # a list of acceptable answers
+        trainer_state=None,
+        log_extra=lambda name, values: logged.__setitem__(name, values),
+    )
+    assert out == [1.0, 1.0]
+    assert logged["extracted_answer"] == ["7", "8"]
+    assert logged["ground_truth"] == ["7", "9 | 8"]
+
+
+def test_math_reward_length_mismatch():
+    with pytest.raises(ValueError, match="ground_truth"):
+        math_reward(["Answer: 1", "Answer: 2"], ground_truth=["1"])
+
+
+def test_math_reward_name_alias_and_pickle():
+    assert math_reward.__name__ == "math_reward"
+    assert answer_reward is math_reward
+    assert pickle.loads(pickle.dumps(math_reward)) is math_reward
+
+
+def test_completion_to_text():
+    assert completion_to_text("abc") == "abc"
+    assert completion_to_text([{"role": "assistant", "content": "x"}]) == "x"
+    assert (
+        completion_to_text(
+            [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+        )
+        == "ab"
+    )
+    assert completion_to_text([{"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}]) == "a"
+    assert completion_to_text(None) == ""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# overlong punishment
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_make_overlong_punishment():
+    fn = make_overlong_punishment(max_completion_length=100, soft_punish_cache=20)
+    assert fn.__name__ == "soft_overlong_punishment_reward"
+    assert fn(completion_ids=[[1] * 50, [1] * 80, [1] * 90, [1] * 100, [1] * 101]) == pytest.approx(
+        [0.0, 0.0, -0.5, -1.0, -1.0]
+    )
+    assert pickle.loads(pickle.dumps(fn))(completion_ids=[[1] * 90]) == pytest.approx([-0.5])
+    with pytest.raises(ValueError):
+        make_overlong_punishment(100, 200)

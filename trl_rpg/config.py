@@ -1,0 +1,279 @@
+"""`RPGConfig`: `GRPOConfig` plus the RPG fields, with the paper's defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .objectives import DIVERGENCES, ESTIMATORS
+
+REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
+#: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
+AGGREGATION_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+DYNAMIC_SAMPLING_ON_EXHAUSTED = ("train", "raise")
+
+
+@dataclass
+class RPGConfig(GRPOConfig):
+    r"""
+    Configuration for [`RPGTrainer`]: every [`~trl.GRPOConfig`] field, plus the RPG fields below.
+
+    RPG (Zhang et al., "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning", ICLR 2026)
+    replaces GRPO's KL penalty and importance weighting with surrogate losses whose gradient is exactly that of
+    `E_pi[A] - beta * D` off-policy. Defaults follow the paper (its section 5 and Appendix H):
+
+    - `rpg_divergence="urkl"`, `rpg_estimator="reinforce"`: RPG-REINFORCE with the unnormalised reverse KL, one of
+      the paper's two best methods (Table 3).
+    - `beta=1e-4`: the paper's KL coefficient (GRPOConfig's default is 0.0).
+    - `epsilon=0.2`, `epsilon_high=0.28`, `rpg_dual_clip_c=10.0`: RPG-Style Clip with the paper's trust region and
+      the dual-clip bound of the released scripts.
+    - `scale_rewards="none"`: the advantage is `R - mean(group)` with no std scaling, the paper's baseline.
+    - `loss_type="dapo"`: token-mean aggregation over the accumulated batch, as in the paper (DAPO's token-mean).
+    - `rpg_reference="sampling"`: the reference is the policy that sampled each generation batch, whose log-probs
+      are already stored, so no reference model is kept in memory and no extra forward pass is made.
+    - Batch reuse: unless `steps_per_generation`, `generation_batch_size` or `num_iterations` is set, each
+      generation batch is reused for `rpg_generation_reuse` (default 4) optimizer steps. With the reference equal to
+      the sampler, w = 1 on-policy and the KL gradient vanishes; the regulariser and the clip act only on reused,
+      off-policy batches (rpg-math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
+
+    Parameters:
+        > Parameters that control the RPG objective
+
+        rpg_divergence (`str`, *optional*, defaults to `"urkl"`):
+            Divergence regularising the policy: `"fkl"` KL(ref || pi), `"rkl"` KL(pi || ref), `"ufkl"` and `"urkl"`
+            their unnormalised forms.
+        rpg_estimator (`str`, *optional*, defaults to `"reinforce"`):
+            `"reinforce"`: stop-gradient surrogate `-SG(weight) * logp` (RPG-REINFORCE); `"differentiable"`: the
+            fully differentiable surrogate (the paper's "RPG" runs).
+        rpg_dual_clip_c (`float` or `None`, *optional*, defaults to `10.0`):
+            Dual-clip bound `c > 1`: tokens with negative (effective) advantage and `w >= c` get no gradient. `None`
+            disables the bound. The trust region itself is `[1 - epsilon, 1 + epsilon_high]`.
+
+        > Parameters that control the reference policy
+
+        rpg_reference (`str`, *optional*, defaults to `"sampling"`):
+            `"sampling"`: the sampling policy of each generation batch (no reference model). `"initial"`: the
+            initial policy, fixed (with PEFT: the adapter-disabled base model). `"periodic"`: `pi_ref <- pi_theta`
+            every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
+            average of the token-level divergence exceeds `rpg_reference_kl_target`.
+        rpg_reference_update_steps (`int` or `None`, *optional*):
+            Optimizer steps between reference updates; required by, and only valid with, `"periodic"`.
+        rpg_reference_kl_target (`float` or `None`, *optional*):
+            Divergence target kappa; required by, and only valid with, `"adaptive"`.
+        rpg_reference_kl_decay (`float`, *optional*, defaults to `0.9`):
+            Decay of the exponential moving average of the per-step divergence used by `"adaptive"`.
+
+        > Parameters that control batch reuse and checkpoints
+
+        rpg_generation_reuse (`int`, *optional*, defaults to `4`):
+            Optimizer steps per generation batch when neither `steps_per_generation`, `generation_batch_size` nor
+            `num_iterations > 1` is given (sets `steps_per_generation = rpg_generation_reuse *
+            gradient_accumulation_steps`).
+        rpg_save_generation_buffer (`bool`, *optional*, defaults to `True`):
+            Save the buffered generation batch in each checkpoint, so a run resumed inside a reused batch continues
+            exactly (TRL otherwise regenerates it and the run diverges).
+
+        > Parameters that control dynamic sampling (DAPO)
+
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            Drop groups whose rewards have zero variance and generate more prompts until the batch is full.
+        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `8`):
+            Generation rounds allowed per training batch.
+        dynamic_sampling_on_exhausted (`str`, *optional*, defaults to `"train"`):
+            What happens when the rounds run out before the batch is full: `"train"` fills the batch with the
+            highest-variance groups seen (zero-variance groups then carry no gradient) and logs it; `"raise"` stops
+            with an error.
+    """
+
+    # ---- GRPOConfig fields whose defaults change (the paper's setup) ----
+    beta: float = field(
+        default=1e-4,
+        metadata={"help": "KL coefficient beta of the RPG objective E[A] - beta * D. The paper uses 1e-4."},
+    )
+    epsilon: float = field(
+        default=0.2,
+        metadata={"help": "Lower clip width eps_low of RPG-Style Clip: the trust region is [1 - eps_low, 1 + "
+                          "epsilon_high]. The paper uses 0.2."},
+    )
+    epsilon_high: float | None = field(
+        default=0.28,
+        metadata={"help": "Upper clip width eps_high of RPG-Style Clip. The paper uses 0.28 (clip-higher)."},
+    )
+    scale_rewards: str = field(
+        default="none",
+        metadata={"help": "Reward scaling: 'none' (RPG default: advantage = reward - group mean), 'group' or "
+                          "'batch' (divide by the std)."},
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={"help": "Aggregation of RPG's per-token loss: 'dapo' (default, token-mean over the accumulated "
+                          "batch), 'bnpo' (token-mean over the local batch), 'grpo' (sequence-mean), 'dr_grpo' "
+                          "(sum / max_completion_length). GRPO's other loss types have no meaning under RPG."},
+    )
+
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={"help": "GRPO-only (weights GRPO's k3 penalty by w). Ignored by RPG, whose KL term is exact "
+                          "off-policy by construction."},
+    )
+
+    # ---- RPG objective ----
+    rpg_divergence: str = field(
+        default="urkl",
+        metadata={"help": "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised).",
+                  "choices": list(DIVERGENCES)},
+    )
+    rpg_estimator: str = field(
+        default="reinforce",
+        metadata={"help": "Gradient estimator: 'reinforce' (stop-gradient, RPG-REINFORCE) or 'differentiable'.",
+                  "choices": list(ESTIMATORS)},
+    )
+    rpg_dual_clip_c: float | None = field(
+        default=10.0,
+        metadata={"help": "Dual-clip bound c > 1 for negative effective advantages; None disables it."},
+    )
+
+    # ---- Reference policy ----
+    rpg_reference: str = field(
+        default="sampling",
+        metadata={"help": "Reference policy: 'sampling' (the sampler of each generation batch; no reference "
+                          "model), 'initial' (fixed), 'periodic' (updated every rpg_reference_update_steps), "
+                          "'adaptive' (updated when the divergence average exceeds rpg_reference_kl_target).",
+                  "choices": list(REFERENCE_MODES)},
+    )
+    rpg_reference_update_steps: int | None = field(
+        default=None,
+        metadata={"help": "Optimizer steps between reference updates (rpg_reference='periodic' only)."},
+    )
+    rpg_reference_kl_target: float | None = field(
+        default=None,
+        metadata={"help": "Divergence target that triggers a reference update (rpg_reference='adaptive' only)."},
+    )
+    rpg_reference_kl_decay: float = field(
+        default=0.9,
+        metadata={"help": "Decay of the moving average of the divergence used by rpg_reference='adaptive'."},
+    )
+
+    # ---- Batch reuse and checkpoints ----
+    rpg_generation_reuse: int = field(
+        default=4,
+        metadata={"help": "Optimizer steps per generation batch when steps_per_generation, generation_batch_size "
+                          "and num_iterations are left unset."},
+    )
+    rpg_save_generation_buffer: bool = field(
+        default=True,
+        metadata={"help": "Save the buffered generation batch in checkpoints so resuming inside a reused batch is "
+                          "exact."},
+    )
+
+    # ---- Dynamic sampling (DAPO) ----
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={"help": "Drop zero-reward-variance groups and generate more prompts until the batch is full."},
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=8,
+        metadata={"help": "Generation rounds allowed per training batch when dynamic_sampling is on."},
+    )
+    dynamic_sampling_on_exhausted: str = field(
+        default="train",
+        metadata={"help": "When the rounds run out: 'train' (fill with the best groups seen and log it) or 'raise'.",
+                  "choices": list(DYNAMIC_SAMPLING_ON_EXHAUSTED)},
+    )
+
+    def __post_init__(self):
+        self._validate_rpg()
+        if (
+            self.steps_per_generation is None
+            and self.generation_batch_size is None
+            and self.num_iterations == 1
+        ):
+            self.steps_per_generation = self.rpg_generation_reuse * self.gradient_accumulation_steps
+        super().__post_init__()
+
+    def _validate_rpg(self):
+        def bad(name, value, allowed):
+            raise ValueError(f"RPGConfig: `{name}`={value!r} is not allowed; {allowed}.")
+
+        if self.rpg_divergence not in DIVERGENCES:
+            bad("rpg_divergence", self.rpg_divergence, f"choose one of {list(DIVERGENCES)}")
+        if self.rpg_estimator not in ESTIMATORS:
+            bad("rpg_estimator", self.rpg_estimator, f"choose one of {list(ESTIMATORS)}")
+        if self.rpg_reference not in REFERENCE_MODES:
+            bad("rpg_reference", self.rpg_reference, f"choose one of {list(REFERENCE_MODES)}")
+        if self.loss_type not in AGGREGATION_LOSS_TYPES:
+            bad("loss_type", self.loss_type,
+                f"RPG defines its own per-token loss; `loss_type` only selects the aggregation, one of "
+                f"{list(AGGREGATION_LOSS_TYPES)} (use GRPOTrainer for '{self.loss_type}')")
+        if not _finite(self.beta) or self.beta < 0:
+            bad("beta", self.beta, "it must be a finite number >= 0")
+        if not _finite(self.epsilon) or self.epsilon < 0:
+            bad("epsilon", self.epsilon, "it must be a finite number >= 0 (the lower clip width eps_low)")
+        if self.epsilon_high is not None and (not _finite(self.epsilon_high) or self.epsilon_high < 0):
+            bad("epsilon_high", self.epsilon_high, "it must be a finite number >= 0 or None (= epsilon)")
+        if self.rpg_dual_clip_c is not None and (not _finite(self.rpg_dual_clip_c) or self.rpg_dual_clip_c <= 1):
+            bad("rpg_dual_clip_c", self.rpg_dual_clip_c, "it must be a number > 1, or None to disable dual-clip")
+
+        ref = self.rpg_reference
+        if ref != "sampling" and self.beta == 0:
+            bad("rpg_reference", ref, "a reference other than 'sampling' needs `beta` > 0 (with beta=0 the "
+                                      "reference is never used)")
+        if ref == "periodic":
+            if self.rpg_reference_update_steps is None or not _positive_int(self.rpg_reference_update_steps):
+                bad("rpg_reference_update_steps", self.rpg_reference_update_steps,
+                    "rpg_reference='periodic' needs an integer >= 1")
+        elif self.rpg_reference_update_steps is not None:
+            bad("rpg_reference_update_steps", self.rpg_reference_update_steps,
+                f"it is only used with rpg_reference='periodic' (got rpg_reference={ref!r})")
+        if ref == "adaptive":
+            target = self.rpg_reference_kl_target
+            if target is None or not _finite(target) or target <= 0:
+                bad("rpg_reference_kl_target", target, "rpg_reference='adaptive' needs a number > 0")
+        elif self.rpg_reference_kl_target is not None:
+            bad("rpg_reference_kl_target", self.rpg_reference_kl_target,
+                f"it is only used with rpg_reference='adaptive' (got rpg_reference={ref!r})")
+        if not _finite(self.rpg_reference_kl_decay) or not 0 <= self.rpg_reference_kl_decay < 1:
+            bad("rpg_reference_kl_decay", self.rpg_reference_kl_decay, "it must be in [0, 1)")
+        if not _positive_int(self.rpg_generation_reuse):
+            bad("rpg_generation_reuse", self.rpg_generation_reuse, "it must be an integer >= 1")
+        if not _positive_int(self.dynamic_sampling_max_rounds):
+            bad("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, "it must be an integer >= 1")
+        if self.dynamic_sampling_on_exhausted not in DYNAMIC_SAMPLING_ON_EXHAUSTED:
+            bad("dynamic_sampling_on_exhausted", self.dynamic_sampling_on_exhausted,
+                f"choose one of {list(DYNAMIC_SAMPLING_ON_EXHAUSTED)}")
+
+        # GRPO settings RPG cannot honour
+        if self.sync_ref_model:
+            bad("sync_ref_model", True, "use rpg_reference='periodic' with rpg_reference_update_steps (works with "
+                                        "PEFT and ZeRO-3 too)")
+        if self.delta is not None:
+            bad("delta", self.delta, "two-sided clipping is GRPO's; RPG bounds large ratios with rpg_dual_clip_c")
+        if self.use_adaptive_entropy:
+            bad("use_adaptive_entropy", True, "the adaptive entropy controller is not supported by RPGTrainer; "
+                                              "use a static entropy_coef")
+        if self.importance_sampling_level not in ("token", "sequence"):
+            bad("importance_sampling_level", self.importance_sampling_level, "choose 'token' or 'sequence'")
+
+    @classmethod
+    def from_grpo_config(cls, args: GRPOConfig) -> RPGConfig:
+        """Upgrade a `GRPOConfig` to an `RPGConfig`: GRPO fields keep their values, RPG fields get RPG defaults.
+
+        `steps_per_generation` is kept as GRPO resolved it (and `generation_batch_size` re-derived from it), so the
+        batch layout of the GRPO script is unchanged.
+        """
+        if isinstance(args, cls):
+            return args
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+        values["generation_batch_size"] = None
+        return cls(**values)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1

@@ -1,0 +1,438 @@
+"""Benchmark evaluation (mean@k on AIME 2024, AIME 2025 and AMC 2023), as reported in the RPG paper.
+
+The three benchmarks are bundled as parquet files in ``trl_rpg/data`` (verl/DAPO format: ``prompt`` chat list,
+``reward_model.ground_truth``, ``extra_info.raw_problem``...), each problem repeated 32 times, so that sampling one
+completion per row and averaging gives mean@32:
+
+    >>> from trl_rpg.evaluation import evaluate_benchmarks
+    >>> results = evaluate_benchmarks(model, tokenizer, max_new_tokens=8192)  # doctest: +SKIP
+    >>> results["aime24"]["mean_at_k"]  # doctest: +SKIP
+
+Scoring uses :func:`trl_rpg.rewards.extract_answer` and :func:`trl_rpg.rewards.is_equivalent`, i.e. the same rule as
+the training reward :func:`trl_rpg.rewards.math_reward`.
+
+torch / transformers are only imported by :func:`evaluate_model`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .rewards import completion_to_text, extract_answer, is_equivalent
+
+if TYPE_CHECKING:  # pragma: no cover
+    import datasets
+
+
+__all__ = [
+    "BENCHMARKS",
+    "evaluate_benchmarks",
+    "evaluate_model",
+    "load_benchmark",
+    "mean_at_k",
+    "score_completions",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Benchmark name -> bundled parquet file (in ``trl_rpg/data``).
+BENCHMARKS: dict[str, str] = {
+    "aime24": "aime-2024.parquet",
+    "aime25": "aime25.parquet",
+    "amc23": "amc-23.parquet",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _data_file(filename: str, data_dir: str | Path | None) -> Path:
+    if data_dir is not None:
+        return Path(data_dir) / filename
+    try:
+        from importlib.resources import files
+
+        resource = files(__package__ or "trl_rpg").joinpath("data", filename)
+        path = Path(str(resource))
+        if path.is_file():
+            return path
+    except Exception:  # (namespace-package quirks, zip imports...: use the module directory)
+        logger.debug("importlib.resources lookup failed for %s", filename, exc_info=True)
+    return Path(__file__).resolve().parent / "data" / filename
+
+
+def _problem_key(row: Mapping[str, Any]) -> str:
+    """Identity of a problem: ``extra_info.raw_problem`` if present, else the prompt text."""
+    extra = row.get("extra_info")
+    if isinstance(extra, Mapping) and extra.get("raw_problem"):
+        return str(extra["raw_problem"])
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    return "\n".join(completion_to_text([m]) for m in (prompt or []))
+
+
+def load_benchmark(name: str, data_dir: str | Path | None = None) -> datasets.Dataset:
+    """Load a bundled benchmark as an in-memory ``datasets.Dataset``.
+
+    Args:
+        name: one of ``BENCHMARKS`` (``"aime24"``, ``"aime25"``, ``"amc23"``); the parquet file stem (e.g.
+            ``"aime-2024"``) is accepted too.
+        data_dir: directory holding the parquet file; defaults to the package's ``trl_rpg/data``.
+
+    Returns:
+        The parquet's rows and columns (``prompt``, ``reward_model``, ``extra_info``, ``data_source``, ``ability``),
+        plus
+
+        * ``ground_truth`` (str): ``reward_model["ground_truth"]``;
+        * ``problem_id`` (int): 0-based id of the problem, numbered in order of first appearance of
+          ``extra_info["raw_problem"]``.  (``extra_info["index"]`` is *not* a problem id in every file: in AIME 2025
+          and AMC 2023 it numbers the 32 copies of each problem.)
+        * ``sample_index`` (int): 0-based index of the row among the copies of its problem (in file order).
+    """
+    import datasets  # lazy: keep `import trl_rpg.evaluation` light
+    import pyarrow.parquet as pq
+
+    key = str(name).strip().lower()
+    stems = {Path(f).stem.lower(): n for n, f in BENCHMARKS.items()}
+    key = stems.get(key, key)
+    if key not in BENCHMARKS:
+        raise ValueError(f"Unknown benchmark {name!r}; allowed names: {sorted(BENCHMARKS)}.")
+    path = _data_file(BENCHMARKS[key], data_dir)
+    if not path.is_file():
+        raise FileNotFoundError(f"Benchmark file for {key!r} not found: {path}")
+    dataset = datasets.Dataset(pq.read_table(path))
+
+    ground_truths: list[str] = []
+    problem_ids: list[int] = []
+    sample_indices: list[int] = []
+    ids: dict[str, int] = {}
+    counts: dict[int, int] = {}
+    for row in dataset.select_columns(["prompt", "reward_model", "extra_info"]):
+        reward_model = row.get("reward_model") or {}
+        gt = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+        if gt is None or not str(gt).strip():
+            raise ValueError(f"{path.name}: a row has no reward_model.ground_truth")
+        ground_truths.append(str(gt).strip())
+        pid = ids.setdefault(_problem_key(row), len(ids))
+        problem_ids.append(pid)
+        sample_indices.append(counts.get(pid, 0))
+        counts[pid] = counts.get(pid, 0) + 1
+    dataset = dataset.add_column("ground_truth", ground_truths)
+    dataset = dataset.add_column("problem_id", problem_ids)
+    dataset = dataset.add_column("sample_index", sample_indices)
+    return dataset
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Scoring
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _score_one(completion: Any, ground_truth: Any) -> float:
+    golds = ground_truth if isinstance(ground_truth, (list, tuple)) else [ground_truth]
+    golds = [str(g).strip() for g in golds if g is not None and str(g).strip()]
+    if not golds:
+        raise ValueError("Missing ground truth for a completion.")
+    pred = extract_answer(completion_to_text(completion))
+    if pred is None:
+        return 0.0
+    return 1.0 if any(is_equivalent(pred, g) for g in golds) else 0.0
+
+
+def score_completions(completions: Sequence[Any], ground_truths: Sequence[Any]) -> list[float]:
+    """Score each completion (string or chat message list) against its reference answer: 1.0 correct, 0.0 wrong.
+
+    The answer is extracted with :func:`~trl_rpg.rewards.extract_answer` (no answer counts as wrong) and compared with
+    :func:`~trl_rpg.rewards.is_equivalent`.  A reference may be a list of acceptable answers.  Raises ``ValueError`` on
+    a length mismatch or a missing reference.
+    """
+    if len(completions) != len(ground_truths):
+        raise ValueError(f"Got {len(completions)} completions but {len(ground_truths)} ground truths.")
+    return [_score_one(c, g) for c, g in zip(completions, ground_truths, strict=True)]
+
+
+def mean_at_k(
+    scores: Sequence[float], problem_ids: Sequence[Hashable], *, allow_uneven: bool = False
+) -> dict[str, Any]:
+    """mean@k: the average over problems of each problem's mean score over its k samples.
+
+    Args:
+        scores: one score per sample (1.0 correct / 0.0 wrong; fractional scores are averaged as they are).
+        problem_ids: the problem of each sample.
+        allow_uneven: by default all problems must have the same number k of samples (else ``ValueError``).  With
+            ``allow_uneven=True`` problems may have different counts; each problem still weighs equally and ``k`` is
+            ``None``.
+
+    Returns:
+        ``{"mean_at_k": float, "k": int | None, "num_problems": int, "num_samples": int, "pass_at_k": float,
+        "per_problem": {problem_id: mean score}}`` where ``pass_at_k`` is the fraction of problems with at least one
+        correct sample (score >= 0.5) and ``num_samples`` the total number of scored samples.  ``per_problem`` is in
+        order of first appearance.
+    """
+    if len(scores) != len(problem_ids):
+        raise ValueError(f"Got {len(scores)} scores but {len(problem_ids)} problem ids.")
+    if len(scores) == 0:
+        raise ValueError("mean_at_k needs at least one score.")
+    groups: dict[Hashable, list[float]] = {}
+    for score, pid in zip(scores, problem_ids, strict=True):
+        if score is None or (isinstance(score, float) and math.isnan(score)):
+            raise ValueError(f"Invalid score {score!r} for problem {pid!r}.")
+        groups.setdefault(pid, []).append(float(score))
+    counts = {len(v) for v in groups.values()}
+    if len(counts) > 1 and not allow_uneven:
+        raise ValueError(
+            f"Problems have different numbers of samples ({sorted(counts)}); pass allow_uneven=True to average anyway."
+        )
+    per_problem = {pid: sum(v) / len(v) for pid, v in groups.items()}
+    return {
+        "mean_at_k": sum(per_problem.values()) / len(per_problem),
+        "k": counts.pop() if len(counts) == 1 else None,
+        "num_problems": len(per_problem),
+        "num_samples": len(scores),
+        "pass_at_k": sum(any(s >= 0.5 for s in v) for v in groups.values()) / len(groups),
+        "per_problem": per_problem,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Generation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _rows(dataset: Any) -> list[dict[str, Any]]:
+    if hasattr(dataset, "to_list"):
+        return dataset.to_list()
+    return [dict(r) for r in dataset]
+
+
+def _row_gold(row: Mapping[str, Any]) -> Any:
+    gt = row.get("ground_truth")
+    if gt is None or (isinstance(gt, str) and not gt.strip()):
+        rm = row.get("reward_model")
+        gt = rm.get("ground_truth") if isinstance(rm, Mapping) else None
+    if gt is None or (isinstance(gt, str) and not gt.strip()):
+        raise ValueError("A dataset row has neither `ground_truth` nor `reward_model['ground_truth']`.")
+    return gt
+
+
+def _select_rows(
+    rows: list[dict[str, Any]], num_samples: int | None, max_problems: int | None
+) -> tuple[list[dict[str, Any]], list[Hashable]]:
+    """Group rows by problem (order of first appearance); keep the first ``max_problems`` problems and the first
+    ``num_samples`` rows of each.  Returns the selected rows (grouped by problem) and their problem ids."""
+    groups: dict[Hashable, list[dict[str, Any]]] = {}
+    keys: dict[str, int] = {}
+    for row in rows:
+        pid = row.get("problem_id")
+        if pid is None:
+            pid = keys.setdefault(_problem_key(row), len(keys))
+        groups.setdefault(pid, []).append(row)
+    selected_groups = list(groups.items())
+    if max_problems is not None:
+        if max_problems < 1:
+            raise ValueError(f"max_problems must be >= 1, got {max_problems}.")
+        selected_groups = selected_groups[:max_problems]
+    if num_samples is not None:
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
+        short = [pid for pid, g in selected_groups if len(g) < num_samples]
+        if short:
+            raise ValueError(f"num_samples={num_samples} but problems {short[:5]} have fewer rows.")
+    selected: list[dict[str, Any]] = []
+    pids: list[Hashable] = []
+    for pid, group in selected_groups:
+        for row in group[:num_samples] if num_samples is not None else group:
+            selected.append(row)
+            pids.append(pid)
+    return selected, pids
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        if isinstance(source, Iterable):
+            ids.update(int(i) for i in source)
+        else:
+            ids.add(int(source))
+    return ids
+
+
+def _prompt_text(tokenizer: Any, prompt: Any, chat_template_kwargs: Mapping[str, Any] | None) -> str:
+    if isinstance(prompt, str):  # already-formatted prompt
+        return prompt
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **dict(chat_template_kwargs or {})
+    )
+
+
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    dataset: Any,
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    batch_size: int = 32,
+    num_samples: int | None = None,
+    max_problems: int | None = None,
+    seed: int = 0,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    generation_kwargs: Mapping[str, Any] | None = None,
+    return_completions: bool = True,
+) -> dict[str, Any]:
+    """Generate one completion per dataset row with ``model.generate`` and compute mean@k.
+
+    Each row's ``prompt`` (a chat message list; a plain string is used as is) is formatted with
+    ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``, and the prompts are left-padded and generated
+    in batches of ``batch_size``.  Rows are grouped by ``problem_id`` (added by :func:`load_benchmark`; derived from
+    ``extra_info.raw_problem`` / the prompt when absent) and the reference answer is the ``ground_truth`` column (else
+    ``reward_model["ground_truth"]``).
+
+    Args:
+        model: a ``transformers`` causal LM (anything with ``generate``); it is put in eval mode during the call and
+            its training mode is restored afterwards.
+        tokenizer: its tokenizer, with a chat template; if it has no pad token, the EOS token is used for padding.
+        dataset: a ``datasets.Dataset`` (or a sequence of row dicts).
+        max_new_tokens: generation budget per completion.
+        temperature: sampling temperature; ``0`` means greedy decoding (then use ``num_samples=1``: all copies of a
+            problem would get the same completion).
+        top_p: nucleus sampling threshold (1.0 = off).
+        top_k: top-k sampling (0 = off; this overrides a model's default ``generation_config.top_k``).
+        batch_size: number of rows per ``generate`` call.
+        num_samples: if set, only the first ``num_samples`` rows (copies) of *each problem* are evaluated, giving
+            mean@``num_samples`` over all problems.  ``None`` uses every row (mean@32 on the bundled benchmarks).
+        max_problems: if set, only the first ``max_problems`` problems (in order of first appearance) are evaluated.
+        seed: seeds python / numpy / torch RNGs (``transformers.set_seed``) before generating.
+        chat_template_kwargs: extra keyword arguments for ``apply_chat_template``
+            (e.g. ``{"enable_thinking": False}``).
+        generation_kwargs: extra keyword arguments for ``model.generate`` (override the ones above).
+        return_completions: include per-row ``completions``, ``extracted_answers``, ``ground_truths``, ``scores``,
+            ``problem_ids`` and ``completion_lengths`` in the result.
+
+    Returns:
+        :func:`mean_at_k`'s dict (``mean_at_k``, ``k``, ``num_problems``, ``num_samples``, ``pass_at_k``,
+        ``per_problem``) plus ``mean_completion_length`` (tokens, up to and including EOS), ``truncated_fraction``
+        (completions without EOS within ``max_new_tokens``), ``generation`` (the settings used) and, if
+        ``return_completions``, the per-row lists named above.
+    """
+    import torch  # lazy: the data / scoring helpers do not need torch
+    from transformers import set_seed
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    rows, problem_ids = _select_rows(_rows(dataset), num_samples, max_problems)
+    if not rows:
+        raise ValueError("The dataset is empty.")
+    ground_truths = [_row_gold(r) for r in rows]
+    prompts = [_prompt_text(tokenizer, r["prompt"], chat_template_kwargs) for r in rows]
+
+    eos_ids = _eos_ids(model, tokenizer)
+    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if temperature and temperature > 0:
+        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+    else:
+        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if getattr(getattr(model, "generation_config", None), "eos_token_id", None) is None and eos_ids:
+        gen_kwargs["eos_token_id"] = sorted(eos_ids)
+    gen_kwargs.update(dict(generation_kwargs or {}))
+
+    old_padding_side = tokenizer.padding_side
+    old_pad_token = tokenizer.pad_token
+    was_training = getattr(model, "training", False)
+    device = next(model.parameters()).device
+    completions: list[str] = []
+    lengths: list[int] = []
+    truncated: list[bool] = []
+    try:
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise ValueError("The tokenizer has neither a pad token nor an EOS token.")
+            tokenizer.pad_token = tokenizer.eos_token
+        gen_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+        model.eval()
+        set_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(
+                prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(device)
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **gen_kwargs
+                )
+            new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
+            for ids in new_tokens:
+                end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+                if end is None:
+                    lengths.append(len(ids))
+                    truncated.append(True)
+                else:
+                    lengths.append(end + 1)
+                    truncated.append(False)
+                    ids = ids[: end + 1]
+                completions.append(tokenizer.decode(ids, skip_special_tokens=True))
+            logger.info("evaluate_model: generated %d/%d completions", len(completions), len(prompts))
+    finally:
+        tokenizer.padding_side = old_padding_side
+        if old_pad_token is None:
+            tokenizer.pad_token = None
+        if was_training:
+            model.train()
+
+    scores = score_completions(completions, ground_truths)
+    stats = mean_at_k(scores, problem_ids)
+    stats["mean_completion_length"] = sum(lengths) / len(lengths)
+    stats["truncated_fraction"] = sum(truncated) / len(truncated)
+    stats["generation"] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "num_samples": num_samples,
+        "max_problems": max_problems,
+    }
+    if return_completions:
+        stats.update(
+            completions=completions,
+            extracted_answers=[extract_answer(c) for c in completions],
+            ground_truths=ground_truths,
+            scores=scores,
+            problem_ids=problem_ids,
+            completion_lengths=lengths,
+        )
+    return stats
+
+
+def evaluate_benchmarks(
+    model: Any,
+    tokenizer: Any,
+    names: Sequence[str] = ("aime24", "aime25", "amc23"),
+    *,
+    data_dir: str | Path | None = None,
+    **kwargs: Any,
+) -> dict[str, dict[str, Any]]:
+    """Run :func:`evaluate_model` on each named bundled benchmark; ``kwargs`` are passed to :func:`evaluate_model`
+    (``max_new_tokens`` is required).  Returns ``{name: stats}``."""
+    if isinstance(names, str):
+        names = (names,)
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        dataset = load_benchmark(name, data_dir=data_dir)
+        results[name] = evaluate_model(model, tokenizer, dataset, **kwargs)
+        logger.info("%s: mean@%s = %.4f", name, results[name]["k"], results[name]["mean_at_k"])
+    return results

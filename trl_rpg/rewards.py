@@ -1,0 +1,551 @@
+"""Rule-based math rewards for RPG training and benchmark evaluation.
+
+The prompts used in the RPG paper (DAPO-Math format) ask the model to finish its response with a line of the form
+``Answer: $Answer``.  This module extracts that final answer, compares it with a reference answer and exposes the
+result as a TRL reward function:
+
+* :func:`extract_answer` -- final answer of a completion (``Answer:`` line, else last ``\\boxed{}``).
+* :func:`normalize_answer` -- canonical string used for exact comparison.
+* :func:`is_equivalent` -- ``math-verify`` equivalence (if installed) OR normalised-string / exact-number equality.
+* :func:`math_reward` -- TRL reward function, ``1.0`` if correct, ``0.0`` if not, ``None`` if the row has no reference.
+* :func:`make_overlong_punishment` -- DAPO soft overlong punishment, re-exported from TRL.
+
+The module does not import torch.  ``math-verify`` is optional and imported lazily on first use.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from typing import Any
+
+__all__ = [
+    "answer_reward",
+    "completion_to_text",
+    "extract_answer",
+    "is_equivalent",
+    "make_overlong_punishment",
+    "math_reward",
+    "normalize_answer",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Timeout (seconds) given to each ``math_verify.parse`` / ``math_verify.verify`` call when we are in the main thread.
+#: ``math-verify`` implements timeouts with ``signal.alarm``, which only works in the main thread of the main
+#: interpreter; elsewhere timeouts are disabled and :func:`_is_risky` is the only protection against pathological
+#: inputs.
+MATH_VERIFY_TIMEOUT_S = 5
+
+#: Answers longer than this are only compared as normalised strings (never handed to sympy).
+MAX_SYMBOLIC_ANSWER_CHARS = 200
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Answer extraction
+# ---------------------------------------------------------------------------------------------------------------------
+
+# "Answer:", "Final Answer:", "**Answer:**", "**Answer**:", "ANSWER :" ...
+_ANSWER_RE = re.compile(r"\banswer\s*(?:\*\*|__)?\s*:", re.IGNORECASE)
+_BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOXED_NOBRACE_RE = re.compile(r"\\boxed[ \t]+([^\s${}]+)")
+
+
+def _braced_content(text: str, open_idx: int) -> tuple[str, int] | None:
+    """Content of the brace group whose ``{`` is at ``text[open_idx]``, and the index just past the matching ``}``.
+
+    Returns ``None`` when the group is not closed (e.g. a truncated completion).  Escaped braces ``\\{``/``\\}`` are
+    treated as ordinary characters.
+    """
+    depth = 0
+    i = open_idx
+    n = len(text)
+    while i < n:
+        c = text[i]
+        if c == "\\":  # skip the escaped character (\{, \}, \\)
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[open_idx + 1 : i], i + 1
+        i += 1
+    return None
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x``) in ``text``."""
+    candidates: list[tuple[int, str]] = []
+    for m in _BOXED_RE.finditer(text):
+        res = _braced_content(text, m.end() - 1)
+        if res is not None:
+            candidates.append((m.start(), res[0]))
+    for m in _BOXED_NOBRACE_RE.finditer(text):
+        candidates.append((m.start(), m.group(1)))
+    if not candidates:
+        return None
+    return max(candidates, key=lambda c: c[0])[1]
+
+
+def _strip_math_delimiters(s: str) -> str:
+    """Strip whitespace, markdown emphasis, ``$``/``\\(``/``\\[`` delimiters and trailing periods, until stable."""
+    prev = None
+    while s != prev:
+        prev = s
+        s = s.strip()
+        s = s.strip("*_`")  # markdown: **540**, `540`
+        s = s.strip()
+        for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+            if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
+                s = s[len(left) : len(s) - len(right)]
+        s = s.strip()
+        if s.endswith(".") and not s.endswith(".."):
+            s = s[:-1]
+    return s
+
+
+def _clean_answer(raw: str) -> str | None:
+    s = _strip_math_delimiters(raw)
+    boxed = _last_boxed(s)
+    if boxed is not None:
+        s = _strip_math_delimiters(boxed)
+    # remaining inline math delimiters, e.g. "$x=5$ or $x=6$" -> "x=5 or x=6"
+    s = s.replace("$", "")
+    s = _strip_math_delimiters(s)
+    return s or None
+
+
+def extract_answer(text: str | None) -> str | None:
+    """Extract the final answer from a model response.
+
+    Rules, in order:
+
+    1. The last line containing ``Answer:`` (case-insensitive; also matches ``Final Answer:``, ``**Answer:**``): the
+       text after the last ``Answer:`` on that line.  If nothing follows on that line, the next non-empty line is used
+       (earlier ``Answer:`` lines are never used).
+       The result is cleaned: surrounding whitespace, markdown ``**``, ``$...$``/``\\(...\\)``/``\\[...\\]``
+       delimiters, any remaining ``$`` and a trailing period are removed, and a ``\\boxed{...}`` wrapper is unwrapped.
+    2. Otherwise, the content of the last complete (brace-balanced) ``\\boxed{...}`` / ``\\fbox{...}``.
+    3. Otherwise ``None``.
+
+    Examples::
+
+        >>> extract_answer("... so the sum is 540.\\nAnswer: 540")
+        '540'
+        >>> extract_answer("Answer: $\\\\frac{1}{2}$.")
+        '\\\\frac{1}{2}'
+        >>> extract_answer("Thus \\\\boxed{\\\\frac{a}{b}}")
+        '\\\\frac{a}{b}'
+        >>> extract_answer("no answer here") is None
+        True
+    """
+    if not text:
+        return None
+    lines = text.splitlines()
+    for li in range(len(lines) - 1, -1, -1):
+        matches = list(_ANSWER_RE.finditer(lines[li]))
+        if not matches:
+            continue
+        answer = _clean_answer(lines[li][matches[-1].end() :])
+        if answer is None:
+            # "Answer:\n$540$" -> the answer is on the following line
+            following = next((ln for ln in lines[li + 1 :] if ln.strip()), None)
+            if following is not None and not _ANSWER_RE.search(following):
+                answer = _clean_answer(following)
+        if answer is not None:
+            return answer
+        break  # the last "Answer:" line is empty (e.g. truncated): do not reuse earlier ones; try \boxed
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return _clean_answer(boxed)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Normalisation
+# ---------------------------------------------------------------------------------------------------------------------
+
+_TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{")
+_UNIT_SUFFIX_RE = re.compile(
+    r"(?<=[0-9}])\s*\\(?:text|mbox|mathrm)\s*\{\s*[A-Za-z][A-Za-z .]*\}\s*$"
+)  # "5\text{ cm}" -> "5"
+_NUMBER_RE = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)$")
+_THOUSANDS_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_SIMPLE_ASSIGN_RE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?=(?!=)")
+_FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
+_FRAC_SHORT2_RE = re.compile(r"\\frac\{([^{}]*)\}(\d)")
+_SQRT_SHORT_RE = re.compile(r"\\sqrt(\d+)")
+
+
+def _unwrap_command(s: str, pattern: re.Pattern[str]) -> str:
+    """Replace ``\\cmd{content}`` by ``content`` (brace-balanced) for every match of ``pattern``."""
+    while True:
+        m = pattern.search(s)
+        if m is None:
+            return s
+        res = _braced_content(s, m.end() - 1)
+        if res is None:  # unbalanced: drop just the command name
+            return s[: m.start()] + s[m.end() - 1 :]
+        content, end = res
+        s = s[: m.start()] + content + s[end:]
+
+
+def _canonical_number(s: str) -> str:
+    """Canonical form of a plain decimal number: ``"045"``->``"45"``, ``"5.50"``->``"5.5"``, ``"-0"``->``"0"``."""
+    try:
+        d = Decimal(s)
+    except InvalidOperation:  # pragma: no cover - guarded by _NUMBER_RE
+        return s
+    if d == 0:
+        return "0"
+    out = format(d.normalize(), "f")
+    return out
+
+
+def normalize_answer(s: Any) -> str:
+    """Normalise an answer string for exact comparison.
+
+    The transformations (applied in this order) are:
+
+    * ``None`` -> ``""``; non-strings are converted with ``str``; a whole-string ``\\boxed{}``/``\\fbox{}`` is
+      unwrapped.
+    * remove ``$``, ``\\(``, ``\\)``, ``\\[``, ``\\]``, ``\\displaystyle``, ``\\left``, ``\\right``, LaTeX spacing
+      (``\\!``, ``\\,``, ``\\;``, ``\\:``, ``\\ ``, ``~``, ``\\quad``);
+    * degree marks (``^\\circ``, ``^{\\circ}``, ``°``, ``\\degree``) and percent signs (``\\%``, ``%``) are dropped;
+    * a trailing unit in text form after a number is dropped (``5\\text{ cm}`` -> ``5``);
+    * text/font wrappers are unwrapped (``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``, ``\\mathbf{}``, ``\\mbox{}``,
+      ...);
+    * ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``\\frac12`` -> ``\\frac{1}{2}``; ``\\sqrt2`` -> ``\\sqrt{2}``;
+    * all whitespace is removed, then trailing periods;
+    * a single-variable assignment prefix is dropped (``x=5`` -> ``5``, ``a_1=3`` -> ``3``);
+    * ``{,}`` and thousands separators are removed (``1,000`` -> ``1000``, ``1{,}000`` -> ``1000``), but a
+      comma-separated list such as ``1,2`` is kept;
+    * plain decimal numbers are canonicalised: leading ``+`` and leading zeros removed, trailing fractional zeros
+      removed (``045`` -> ``45``, ``5.0`` -> ``5``, ``-0`` -> ``0``, ``.5`` -> ``0.5``).
+
+    Case is preserved (``A`` and ``a`` differ).
+    """
+    if s is None:
+        return ""
+    s = str(s).strip()
+    if not s:
+        return ""
+    # whole-string \boxed{...}
+    m = _BOXED_RE.match(s)
+    if m is not None:
+        res = _braced_content(s, m.end() - 1)
+        if res is not None and not s[res[1] :].strip():
+            s = res[0]
+    s = s.replace("\\displaystyle", "")
+    for tok in ("$", "\\(", "\\)", "\\[", "\\]"):
+        s = s.replace(tok, "")
+    s = re.sub(r"\\left(?![a-zA-Z])|\\right(?![a-zA-Z])", "", s)
+    s = re.sub(r"\\(?:quad|qquad)(?![a-zA-Z])", " ", s)
+    s = re.sub(r"\\[!,;: ]", " ", s)
+    s = s.replace("~", " ")
+    # degrees and percent
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree(?![a-zA-Z])", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = _UNIT_SUFFIX_RE.sub("", s)
+    s = _unwrap_command(s, _TEXT_WRAPPER_RE)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s)
+    s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _FRAC_SHORT2_RE.sub(r"\\frac{\1}{\2}", s)
+    s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
+    s = s.rstrip(".")
+    if s.count("=") == 1:
+        s = _SIMPLE_ASSIGN_RE.sub("", s)
+    s = s.replace("{,}", "")
+    if _THOUSANDS_RE.match(s):
+        s = s.replace(",", "")
+    if _NUMBER_RE.match(s):
+        s = _canonical_number(s)
+    return s
+
+
+_FRAC_FULL_RE = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
+_SLASH_RE = re.compile(r"^([+-]?\d+)/([+-]?\d+)$")
+
+
+def _as_fraction(normalized: str) -> Fraction | None:
+    """Exact rational value of a normalised integer / decimal / ``a/b`` / ``\\frac{a}{b}`` string, else None."""
+    try:
+        if _NUMBER_RE.match(normalized):
+            return Fraction(Decimal(normalized))
+        m = _SLASH_RE.match(normalized)
+        if m:
+            return Fraction(int(m.group(1)), int(m.group(2)))
+        m = _FRAC_FULL_RE.match(normalized)
+        if m:
+            value = Fraction(int(m.group(2)), int(m.group(3)))
+            return -value if m.group(1) == "-" else value
+    except (ValueError, ZeroDivisionError, InvalidOperation):
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# math-verify backend
+# ---------------------------------------------------------------------------------------------------------------------
+
+_MV_UNSET = object()
+_mv_module: Any = _MV_UNSET
+_mv_lock = threading.Lock()
+
+
+def _load_math_verify():
+    """Import ``math_verify`` once; return the module or ``None`` if it is not installed / broken."""
+    global _mv_module
+    if _mv_module is _MV_UNSET:
+        with _mv_lock:
+            if _mv_module is _MV_UNSET:
+                try:
+                    import math_verify
+
+                    _mv_module = math_verify
+                except Exception:  # noqa: BLE001  ImportError, or a broken install (antlr / sympy mismatch)
+                    logger.info("math-verify is not available; falling back to normalised string comparison.")
+                    _mv_module = None
+    return _mv_module
+
+
+def _timeout_seconds() -> int | None:
+    """``math-verify`` timeouts use ``signal.alarm``: only enable them in the main thread of the main interpreter."""
+    if threading.current_thread() is threading.main_thread():
+        return MATH_VERIFY_TIMEOUT_S
+    return None
+
+
+# Nested powers (10^{10^{10}}, 2^3^4, 2**3**4), huge exponents or huge factorials can make sympy run for minutes or
+# exhaust memory; without signal timeouts (off the main thread) we must not hand those to sympy at all.
+_RISKY_RES = (
+    re.compile(r"\^\s*\{[^{}]*\^"),  # 10^{10^{10}}
+    re.compile(r"\^[^{}]*\^"),  # 2^3^4
+    re.compile(r"\*\*[^*]*\*\*"),  # 2**3**4
+    re.compile(r"(?:\^|\*\*)\s*\{?\s*[+-]?\d{5,}"),  # 2^{123456}
+    re.compile(r"\d{4,}\s*!"),  # 10000!
+)
+
+
+def _is_risky(s: str) -> bool:
+    if len(s) > MAX_SYMBOLIC_ANSWER_CHARS:
+        return True
+    return any(r.search(s) for r in _RISKY_RES)
+
+
+@functools.lru_cache(maxsize=8192)
+def _mv_parse(s: str, timeout: int | None) -> tuple:
+    """Parse an (already extracted) answer with math-verify; empty tuple if unparseable."""
+    mv = _load_math_verify()
+    cfg = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    for candidate in (f"${s}$", s):
+        try:
+            parsed = mv.parse(candidate, extraction_config=cfg, parsing_timeout=timeout)
+        except BaseException as e:  # math_verify.errors.TimeoutException derives from BaseException
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            parsed = []
+        if parsed:
+            return tuple(parsed)
+    return ()
+
+
+def _math_verify_equal(pred: str, gold: str) -> bool:
+    mv = _load_math_verify()
+    if mv is None or _is_risky(pred) or _is_risky(gold):
+        return False
+    timeout = _timeout_seconds()
+    gold_parsed = _mv_parse(gold, timeout)
+    pred_parsed = _mv_parse(pred, timeout)
+    if not gold_parsed or not pred_parsed:
+        return False
+    try:
+        return bool(mv.verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout))
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return False
+
+
+def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool = True) -> bool:
+    """Whether the predicted answer ``pred`` is equivalent to the reference answer ``gold``.
+
+    ``pred`` and ``gold`` are bare answers (use :func:`extract_answer` on a full response first).  The answers are
+    equivalent if any of these holds:
+
+    1. their :func:`normalize_answer` forms are equal and non-empty;
+    2. both normalise to exact rationals (integer, decimal, ``a/b``, ``\\frac{a}{b}``) with the same value (this
+       route works without ``math-verify``; two different integers are never equivalent);
+    3. ``math-verify`` (if installed and ``use_math_verify``) parses both and ``verify(gold, pred)`` is True (this
+       also accepts e.g. ``\\sqrt{2}`` == ``2^{1/2}`` and decimals equal to a fraction up to 6 decimal places).
+
+    ``math-verify`` is called with signal-based timeouts (:data:`MATH_VERIFY_TIMEOUT_S`) in the main thread and without
+    timeouts elsewhere (threads, where ``signal.alarm`` is unavailable); pathological inputs (nested/huge powers, very
+    long strings) are never given to sympy.  Any error or timeout inside ``math-verify`` counts as "not equivalent" by
+    that route.
+    """
+    if pred is None or gold is None:
+        return False
+    pred, gold = str(pred).strip(), str(gold).strip()
+    if not pred or not gold:
+        return False
+    npred, ngold = normalize_answer(pred), normalize_answer(gold)
+    if npred and npred == ngold:
+        return True
+    fp, fg = _as_fraction(npred), _as_fraction(ngold)
+    if fp is not None and fg is not None:
+        if fp == fg:
+            return True
+        if fp.denominator == 1 and fg.denominator == 1:
+            return False  # two different integers: nothing math-verify could add (and it is the common case)
+    if use_math_verify:
+        return _math_verify_equal(pred, gold)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL reward functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def completion_to_text(completion: Any) -> str:
+    """Text of a completion given as a string or as a conversational list of messages.
+
+    For a message list the content of the last ``assistant`` message (else the last message) is used; multimodal
+    content (a list of ``{"type": "text", "text": ...}`` parts) is concatenated.
+    """
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Mapping):
+        content = completion.get("content", "")
+    else:
+        messages = list(completion)
+        if not messages:
+            return ""
+        assistant = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "assistant"]
+        message = assistant[-1] if assistant else messages[-1]
+        content = message.get("content", "") if isinstance(message, Mapping) else message
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if isinstance(part, Mapping):
+            if part.get("type", "text") == "text":
+                parts.append(str(part.get("text", "")))
+        else:
+            parts.append(str(part))
+    return "".join(parts)
+
+
+def _gold_of(ground_truth: Any, reward_model: Any) -> Any:
+    """Reference answer(s) of one row: ``ground_truth`` if set, else ``reward_model["ground_truth"]``, else None."""
+    for value in (ground_truth, reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None):
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            values = [str(v).strip() for v in value if v is not None and str(v).strip()]
+            if values:
+                return values
+            continue
+        if str(value).strip():
+            return str(value).strip()
+    return None
+
+
+def _column(values: Sequence[Any] | None, n: int, name: str) -> list[Any]:
+    if values is None:
+        return [None] * n
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"`{name}` has {len(values)} entries but there are {n} completions.")
+    return values
+
+
+def math_reward(
+    completions: Sequence[Any],
+    ground_truth: Sequence[Any] | None = None,
+    reward_model: Sequence[Mapping[str, Any] | None] | None = None,
+    **kwargs: Any,
+) -> list[float | None]:
+    """TRL reward function: 1.0 if the completion's final answer matches the reference, else 0.0.
+
+    Args:
+        completions: completions as strings, or as conversational message lists (``[{"role": "assistant",
+            "content": ...}]``).
+        ground_truth: optional dataset column with the reference answer of each row (string; a list of strings
+            means "any of these").
+        reward_model: optional dataset column in the verl/DAPO parquet format: dicts with a ``"ground_truth"`` key.
+            Used for rows where ``ground_truth`` is missing or empty.
+        **kwargs: other dataset columns and trainer-provided arguments (``prompts``, ``completion_ids``,
+            ``log_extra``, ...).  If the trainer passes a ``log_extra`` callable, the extracted answers and the
+            references are logged to the completions table.
+
+    Returns:
+        One value per completion: ``1.0`` (correct), ``0.0`` (wrong or no extractable answer), or ``None`` when the
+        row has no reference answer (TRL treats ``None`` as "not scored by this function").
+    """
+    n = len(completions)
+    gts = _column(ground_truth, n, "ground_truth")
+    rms = _column(reward_model, n, "reward_model")
+    rewards: list[float | None] = []
+    extracted: list[str] = []
+    golds: list[str] = []
+    for completion, gt, rm in zip(completions, gts, rms, strict=True):
+        gold = _gold_of(gt, rm)
+        pred = extract_answer(completion_to_text(completion))
+        extracted.append("" if pred is None else pred)
+        golds.append("" if gold is None else (gold if isinstance(gold, str) else " | ".join(gold)))
+        if gold is None:
+            rewards.append(None)
+        elif pred is None:
+            rewards.append(0.0)
+        else:
+            candidates = [gold] if isinstance(gold, str) else gold
+            rewards.append(1.0 if any(is_equivalent(pred, g) for g in candidates) else 0.0)
+    log_extra = kwargs.get("log_extra")
+    if callable(log_extra):
+        try:
+            log_extra("extracted_answer", extracted)
+            log_extra("ground_truth", golds)
+        except Exception:  # logging must never break training
+            logger.debug("log_extra failed", exc_info=True)
+    return rewards
+
+
+math_reward.__name__ = "math_reward"
+math_reward.__qualname__ = "math_reward"
+
+#: Alias of :func:`math_reward`.
+answer_reward = math_reward
+
+
+def make_overlong_punishment(max_completion_length: int, soft_punish_cache: int) -> Callable[..., list[float]]:
+    """DAPO soft overlong punishment (Eq. 13 of the DAPO paper), as implemented by TRL.
+
+    Returns TRL's ``trl.rewards.get_soft_overlong_punishment(max_completion_length, soft_punish_cache)``: a picklable
+    reward function of ``completion_ids`` giving ``0`` for completions of at most ``max_completion_length -
+    soft_punish_cache`` tokens, a linear penalty down to ``-1`` up to ``max_completion_length`` tokens, and ``-1``
+    beyond.  Its ``__name__`` is ``"soft_overlong_punishment_reward"``.
+    """
+    if max_completion_length <= 0:
+        raise ValueError(f"max_completion_length must be positive, got {max_completion_length}.")
+    if not 0 <= soft_punish_cache <= max_completion_length:
+        raise ValueError(
+            f"soft_punish_cache must be in [0, max_completion_length={max_completion_length}], "
+            f"got {soft_punish_cache}."
+        )
+    from trl.rewards import get_soft_overlong_punishment  # lazy: trl imports torch
+
+    return get_soft_overlong_punishment(max_completion_len=max_completion_length, soft_punish_cache=soft_punish_cache)
