@@ -151,11 +151,113 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
-        # Override: remember which reference scored the batch, so a reference update mid-reuse is noticed.
-        output = super()._generate_and_score_completions(inputs)
+        # Override: dynamic sampling (DAPO) when training with it; and remember which reference scored the batch, so
+        # a reference update mid-reuse is noticed.
+        if self.args.dynamic_sampling and self.model.training:
+            output = self._rpg_dynamic_sampling(inputs)
+        else:
+            output = super()._generate_and_score_completions(inputs)
         if self.beta != 0.0:
             output["rpg_ref_version"] = torch.tensor(self._rpg_ref_version)
         return output
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Override: keep the rewards of the last round (gathered over all processes) for the dynamic-sampling filter.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rpg_last_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _rpg_dynamic_sampling(self, inputs):
+        """One training batch with dynamic sampling: generate and score rounds of prompts, drop the groups whose
+        rewards do not vary, until `generation_batch_size / num_generations` groups are kept (or
+        `dynamic_sampling_max_rounds` rounds are spent); then give each process `len(inputs)` rows of them.
+
+        Every decision is taken from rewards gathered over all processes, so all processes run the same rounds and
+        the same collectives. See `trl_rpg.dynamic_sampling`.
+        """
+        from accelerate.utils import gather_object
+
+        from . import dynamic_sampling as ds
+
+        args, acc = self.args, self.accelerator
+        G, B, W, rank = self.num_generations, len(inputs), acc.num_processes, acc.process_index
+        target = B * W // G
+        state = self.state.stateful_callbacks.get(ds.STATE_KEY) or {}
+        cursor = int(state.get("prompts_drawn", 0))
+        exhausted_total = int(state.get("exhausted_batches", 0))
+        stream = self._rpg_prompt_stream(B)
+        buffer = ds.RoundBuffer(target, G, B, W, rank, fill=args.dynamic_sampling_on_exhausted == "train")
+
+        batch = inputs
+        for round_index in range(args.dynamic_sampling_max_rounds):
+            if round_index > 0:
+                batch, cursor = stream.draw(cursor)
+            self._rpg_last_rewards_per_func = None
+            output = super()._generate_and_score_completions(batch)
+            rewards = self._rpg_last_rewards_per_func
+            if rewards is None or rewards.size(0) != B * W:
+                raise RuntimeError("dynamic_sampling needs the gathered rewards of each round (from "
+                                   "`_calculate_rewards`); a subclass or TRL change bypassed it.")
+            informative, spread = ds.group_reward_signal(rewards, self.reward_weights, G,
+                                                         self.multi_objective_aggregation)
+            buffer.add_round(output, informative, spread)
+            if buffer.full:
+                break
+        self._rpg_last_rewards_per_func = None
+
+        exhausted = not buffer.full
+        exhausted_total += int(exhausted)
+        self.state.stateful_callbacks[ds.STATE_KEY] = {"prompts_drawn": cursor, "exhausted_batches": exhausted_total}
+        metrics = self._metrics["train"]
+        if exhausted and args.dynamic_sampling_on_exhausted == "raise":
+            stats = ds.summary(buffer, [], exhausted)
+            for key, value in stats.items():
+                metrics[f"dynamic_sampling/{key}"].append(value)
+            raise RuntimeError(
+                f"Dynamic sampling: after {buffer.rounds_used} generation rounds (dynamic_sampling_max_rounds="
+                f"{args.dynamic_sampling_max_rounds}) only {buffer.groups_informative} of the {target} groups a "
+                f"training batch needs have non-zero reward variance ({buffer.groups_generated} groups generated, "
+                f"{stats['frac_filtered']:.1%} filtered). Raise dynamic_sampling_max_rounds, check the reward "
+                f"functions, or set dynamic_sampling_on_exhausted='train' to train on the groups kept.")
+
+        def exchange(outgoing):
+            return gather_object([outgoing])
+
+        merged, selected, plan = buffer.assemble(self._tokenizer.pad_token_id, exchange, device=acc.device)
+        loss_mask = merged["completion_mask"] if "tool_mask" not in merged else (
+            merged["completion_mask"] * merged["tool_mask"])
+        merged["num_items_in_batch"] = acc.gather(loss_mask.sum()).sum()
+
+        stats = ds.summary(buffer, selected, exhausted)
+        for key, value in stats.items():
+            metrics[f"dynamic_sampling/{key}"].append(value)
+        metrics["dynamic_sampling/exhausted_total"].append(float(exhausted_total))
+        if exhausted:
+            logger.warning(
+                "Dynamic sampling: %d of %d groups kept after %d rounds (dynamic_sampling_max_rounds); training on "
+                "them plus %d groups without reward variance.", buffer.groups_informative, target,
+                buffer.rounds_used, int(stats["groups_trained_without_signal"]))
+        self._rpg_dynamic_sampling_last = {**stats, "rows_received": len(plan.receive),
+                                           "rows_sent": sum(len(v) for v in plan.send.values())}
+        return merged
+
+    def _rpg_prompt_stream(self, local_batch_size):
+        """The extra-prompt stream of dynamic sampling (built once per training set and batch size)."""
+        from datasets import Dataset
+
+        from . import dynamic_sampling as ds
+
+        key = (id(self.train_dataset), local_batch_size)
+        cached = getattr(self, "_rpg_ds_stream", None)
+        if cached is None or cached[0] != key:
+            dataset = self.train_dataset
+            if self.args.remove_unused_columns and isinstance(dataset, Dataset):
+                dataset = self._remove_unused_columns(dataset, description="training")
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            stream = ds.PromptStream(dataset, seed, self.shuffle_dataset, self.num_generations, local_batch_size,
+                                     self.accelerator.num_processes, self.accelerator.process_index)
+            self._rpg_ds_stream = (key, stream)
+        return self._rpg_ds_stream[1]
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss

@@ -1,0 +1,184 @@
+"""Training script launched by tests/test_distributed.py, alone (`python`) or under `accelerate launch`.
+
+Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_script.py SPEC.json`). SPEC holds:
+
+    model_dir      local model directory (tests/_tiny.py `save_tiny_model`)
+    output_dir     trainer output directory
+    result         path of the JSON result file; each rank writes `<result>.rank<R>.json`
+    runs           list of runs trained one after the other in this process; each run is a dict with
+        name                 key of the run in the result file
+        peft                 train a LoRA adapter instead of the full model
+        fixed_completions    completions are a fixed function of the prompt (no sampling): the loss is then
+                             independent of the process layout and of the random number generators
+        config               RPGConfig keyword arguments (on top of tests/_tiny.py `cpu_args`)
+        resume_from_checkpoint   forwarded to `trainer.train`
+        save_model           directory for `trainer.save_model` after training
+        probe                record the policy's (and the reference's) log-probs of a fixed probe sequence before
+                             training and after every optimizer step
+
+Each rank's result file holds, per run: the per-step losses of `trainer.state.log_history`, the probe log-probs,
+and under ZeRO-3 the partitioning of the policy's (and the reference model's) parameters on that rank.
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _tiny.py
+
+from _tiny import cpu_args, length_reward, tiny_dataset  # noqa: E402
+from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
+
+from trl_rpg import RPGConfig, RPGTrainer  # noqa: E402
+
+PROBE_PROMPT = "7+5="
+PROBE_COMPLETION = "12ab 3x"
+
+
+def fixed_completion(prompt_ids, index, vocab, eos_id, max_len):
+    """A completion that depends only on the prompt tokens and the completion's index within its group."""
+    seed = sum((k + 1) * t for k, t in enumerate(prompt_ids))
+    length = 1 + (seed + 5 * index) % max_len  # 1..max_len, distinct within a group of 4: rewards differ
+    body = [vocab[(7 * seed + 13 * index + 3 * k) % len(vocab)] for k in range(length)]
+    return body + [eos_id] if length < max_len else body
+
+
+class FixedCompletionRPGTrainer(RPGTrainer):
+    """RPGTrainer whose "generation" returns `fixed_completion`s, so a run's data does not depend on the layout."""
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        tokenizer = self.processing_class
+        vocab = sorted(i for i in tokenizer.get_vocab().values() if i not in tokenizer.all_special_ids)
+        seen: dict[tuple, int] = {}
+        completions = []
+        for ids in prompt_ids:
+            key = tuple(ids)
+            index = seen.get(key, 0)
+            seen[key] = index + 1
+            completions.append(fixed_completion(ids, index % num_generations, vocab, tokenizer.eos_token_id,
+                                                self.max_completion_length))
+        return completions, None
+
+
+def zero3_partition(model) -> dict | None:
+    """How a ZeRO-3 model's parameters are held on this rank (None without ZeRO-3 parameters)."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return None
+    return {
+        "num_params": len(params),
+        "full_numel": int(sum(p.ds_numel for p in params)),  # the whole model
+        "local_numel": int(sum(p.ds_tensor.numel() for p in params)),  # this rank's partition (padded)
+        "materialised_numel": int(sum(p.numel() for p in params)),  # 0 when nothing is gathered or persistent
+        "persistent": int(sum(bool(getattr(p, "ds_persist", False)) for p in params)),
+    }
+
+
+def probe_inputs(tokenizer, device):
+    prompt = torch.tensor([tokenizer(PROBE_PROMPT, add_special_tokens=False)["input_ids"]], device=device)
+    completion = torch.tensor([tokenizer(PROBE_COMPLETION, add_special_tokens=False)["input_ids"]], device=device)
+    return prompt, completion
+
+
+@torch.no_grad()
+def policy_probe(trainer) -> list[float]:
+    """Log-probs of the probe completion under the policy (a collective call under ZeRO-3: every rank runs it)."""
+    prompt, completion = probe_inputs(trainer.processing_class, trainer.accelerator.device)
+    input_ids = torch.cat([prompt, completion], dim=1)
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, input_ids, torch.ones_like(input_ids), completion.size(1), batch_size=1)
+    return logps[0].float().cpu().tolist()
+
+
+@torch.no_grad()
+def reference_probe(trainer) -> list[float] | None:
+    """Log-probs of the probe completion under the reference, through the trainer's own reference path."""
+    if trainer.beta == 0.0:
+        return None  # rpg_reference="sampling": no reference model
+    prompt, completion = probe_inputs(trainer.processing_class, trainer.accelerator.device)
+    inputs = {"prompt_ids": prompt, "completion_ids": completion, "prompt_mask": torch.ones_like(prompt),
+              "completion_mask": torch.ones_like(completion)}
+    return trainer._rpg_reference_logps(inputs, completion.size(1))[0].float().cpu().tolist()
+
+
+class ProbeRecorder(TrainerCallback):
+    """Records policy and reference probe log-probs before training and after each optimizer step.
+
+    Added after RPGTrainer's reference-schedule callback, so a record at step k sees the reference update of step k.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.records = []
+
+    def _record(self, step):
+        self.records.append({"step": step, "policy": policy_probe(self.trainer),
+                             "reference": reference_probe(self.trainer)})
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.records:
+            self._record(state.global_step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._record(state.global_step)
+
+
+def run_one(spec, run, model_dir):
+    overrides = dict(run.get("config", {}))
+    overrides.setdefault("output_dir", os.path.join(spec["output_dir"], run["name"]))
+    if "ddp_backend" not in overrides and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        overrides["ddp_backend"] = "gloo"
+    args = RPGConfig(**cpu_args(**overrides))
+    peft_config = None
+    if run.get("peft"):
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                                 task_type="CAUSAL_LM")
+    trainer_cls = FixedCompletionRPGTrainer if run.get("fixed_completions") else RPGTrainer
+    trainer = trainer_cls(
+        model=model_dir, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(16),
+        processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=peft_config,
+    )
+    recorder = None
+    if run.get("probe"):
+        recorder = ProbeRecorder(trainer)
+        trainer.add_callback(recorder)
+
+    trainer.train(resume_from_checkpoint=run.get("resume_from_checkpoint"))
+
+    result = {
+        "losses": {int(e["step"]): e["loss"] for e in trainer.state.log_history if "loss" in e},
+        "is_deepspeed": bool(trainer.is_deepspeed_enabled),
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled
+        else None,
+        "num_processes": trainer.accelerator.num_processes,
+        "policy_partition": zero3_partition(trainer.model),
+        "reference_partition": zero3_partition(trainer.ref_model) if trainer.ref_model is not None else None,
+        "reference_updates": trainer._rpg_ref_updates,
+        "probes": recorder.records if recorder else None,
+        "final_policy_probe": policy_probe(trainer),
+        "peft": bool(run.get("peft")),
+    }
+    if run.get("save_model"):
+        trainer.save_model(run["save_model"])
+        trainer.accelerator.wait_for_everyone()
+    return result
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    results = {}
+    for run in spec["runs"]:
+        results[run["name"]] = run_one(spec, run, spec["model_dir"])
+    rank = int(os.environ.get("RANK", "0"))
+    with open(f"{spec['result']}.rank{rank}.json", "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,493 @@
+"""Dynamic sampling (DAPO): drop prompt groups whose rewards do not vary and generate more until the batch is full.
+
+Under a group baseline, a group whose completions all get the same reward (all right, all wrong, or any constant
+non-binary score) has advantage 0 everywhere and carries no policy-gradient signal. `RPGTrainer` (with
+`RPGConfig.dynamic_sampling=True`) removes such groups after scoring, generates more prompts until the generation
+batch again holds the configured number of groups, and trains on that batch as usual.
+
+This module holds the parts that need no trainer: the group filter, the bookkeeping across generation rounds, the
+plan that assigns kept rows to processes, the padding-aware merge of TRL generation-batch dicts, and the extra prompt
+stream. `RPGTrainer._rpg_dynamic_sampling` runs the collectives (generation, reward gather, row exchange).
+
+Layout conventions (TRL 1.16): a generation batch has `B` rows per process and `W` processes; in the global order
+(rank 0's rows, then rank 1's, ...) every prompt occupies `G = num_generations` consecutive rows, so group `g` is
+global rows `g*G .. g*G+G-1`. `B` need not be a multiple of `G`, so a group can span two processes. Rewards are
+gathered over all processes, which is what the filter reads: every process decides the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: Key of the dynamic-sampling state in `TrainerState.stateful_callbacks` (saved in `trainer_state.json`).
+STATE_KEY = "RPGDynamicSampling"
+
+#: Relative tolerance of "zero variance": a group is constant when max - min <= RTOL * max(1, max |reward|).
+RTOL = 1e-6
+
+#: Generation-batch fields aligned with the (left-padded) prompt, and their padding value (None: the pad token).
+PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
+#: Generation-batch fields aligned with the (right-padded) completion, and their padding value.
+COMPLETION_FIELDS = {
+    "completion_ids": None, "completion_mask": 0, "tool_mask": 1, "old_per_token_logps": 0.0,
+    "sampling_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "importance_sampling_ratio": 1.0,
+}
+#: One value per row.
+ROW_FIELDS = ("advantages",)
+#: Batch-level values, recomputed after assembly.
+RECOMPUTED_FIELDS = ("num_items_in_batch",)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The group filter
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _constant(values: torch.Tensor, valid: torch.Tensor, rtol: float = RTOL) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of `values` (groups x G), whether its valid entries are constant (or fewer than 2), and their
+    population std (0 for constant rows)."""
+    count = valid.sum(-1)
+    hi = torch.where(valid, values, torch.full_like(values, -math.inf)).amax(-1)
+    lo = torch.where(valid, values, torch.full_like(values, math.inf)).amin(-1)
+    scale = torch.where(valid, values.abs(), torch.zeros_like(values)).amax(-1).clamp(min=1.0)
+    constant = (count < 2) | ((hi - lo) <= rtol * scale)
+    zeros = torch.zeros_like(values)
+    mean = torch.where(valid, values, zeros).sum(-1, keepdim=True) / count.clamp(min=1).unsqueeze(-1)
+    var = torch.where(valid, (values - mean) ** 2, zeros).sum(-1) / count.clamp(min=1)
+    std = torch.where(constant, torch.zeros_like(var), var.sqrt())
+    return constant, std
+
+
+def group_reward_signal(
+    rewards_per_func: torch.Tensor, reward_weights: torch.Tensor, num_generations: int,
+    aggregation: str = "sum_then_normalize", rtol: float = RTOL,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which groups carry a learning signal, from the rewards of the whole (gathered) batch.
+
+    Args:
+        rewards_per_func: `(N, F)` rewards of N completions (N a multiple of `num_generations`, groups contiguous)
+            under F reward functions; NaN where a function gave no reward (TRL's `None`).
+        reward_weights: `(F,)` weights of the reward functions.
+        aggregation: TRL's `multi_objective_aggregation`. `"sum_then_normalize"`: the group's reward is the weighted
+            sum of the functions (NaN when every function gave None) and the group is kept iff that reward varies.
+            `"normalize_then_sum"`: each function is normalised within the group first, so the group is kept iff the
+            weighted sum of the normalised rewards varies (a function constant in the group contributes 0).
+
+    Returns:
+        `(informative, spread)`: bool `(N // G,)`, True for groups whose reward variance is non-zero (up to float
+        rounding: max - min <= `rtol` * max(1, max |reward|) counts as constant; fewer than two scored completions
+        count as constant); and float `(N // G,)`, the std of the group's reward (0 when not informative).
+    """
+    if rewards_per_func.dim() != 2 or rewards_per_func.size(0) % num_generations:
+        raise ValueError(f"rewards_per_func must be (N, F) with N a multiple of num_generations={num_generations}, "
+                         f"got {tuple(rewards_per_func.shape)}.")
+    rpf = rewards_per_func.detach().double().cpu()
+    weights = reward_weights.detach().double().cpu()
+    grouped = rpf.view(-1, num_generations, rpf.size(1))  # (groups, G, F)
+    scored = ~torch.isnan(grouped).all(-1)  # (groups, G): at least one function gave a reward
+    if aggregation == "sum_then_normalize":
+        rewards = (torch.nan_to_num(grouped, nan=0.0) * weights).sum(-1)
+    elif aggregation == "normalize_then_sum":
+        per_func = grouped.transpose(1, 2)  # (groups, F, G)
+        valid = ~torch.isnan(per_func)
+        constant, _ = _constant(per_func, valid, rtol)
+        count = valid.sum(-1, keepdim=True).clamp(min=1)
+        mean = torch.where(valid, per_func, torch.zeros_like(per_func)).sum(-1, keepdim=True) / count
+        var = torch.where(valid, (per_func - mean) ** 2, torch.zeros_like(per_func)).sum(-1, keepdim=True) / count
+        normalised = torch.where(valid & ~constant.unsqueeze(-1), (per_func - mean) / (var.sqrt() + 1e-4),
+                                 torch.zeros_like(per_func))
+        rewards = (normalised * weights.view(1, -1, 1)).sum(1)  # (groups, G)
+    else:
+        raise ValueError(f"Unknown multi_objective_aggregation {aggregation!r}.")
+    constant, spread = _constant(rewards, scored, rtol)
+    return ~constant, spread.float()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Generation-batch dicts: select rows, merge with re-padding, move
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _check_fields(batch: dict[str, Any], rows: int) -> None:
+    known = set(PROMPT_FIELDS) | set(COMPLETION_FIELDS) | set(ROW_FIELDS) | set(RECOMPUTED_FIELDS)
+    for key, value in batch.items():
+        if key in known or value is None:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            continue  # batch-level scalar (e.g. a version tag): kept as is
+        raise NotImplementedError(
+            f"dynamic_sampling cannot regroup the generation-batch field {key!r} (multimodal inputs and fields added "
+            f"by other trainer extensions are not supported yet); disable dynamic_sampling for this setup.")
+    for key in (*PROMPT_FIELDS, *COMPLETION_FIELDS, *ROW_FIELDS):
+        value = batch.get(key)
+        if value is not None and value.size(0) != rows:
+            raise ValueError(f"Generation-batch field {key!r} has {value.size(0)} rows, expected {rows}.")
+
+
+def select_rows(batch: dict[str, Any], index: Sequence[int]) -> dict[str, Any]:
+    """The rows `index` of a generation-batch dict (batch-level scalars kept, recomputed fields dropped)."""
+    out = {}
+    for key, value in batch.items():
+        if key in RECOMPUTED_FIELDS or value is None:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            out[key] = value
+        else:
+            out[key] = value[torch.as_tensor(list(index), dtype=torch.long, device=value.device)]
+    return out
+
+
+def merge_rows(parts: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+    """Concatenate generation-batch dicts along rows, re-padding prompts on the left and completions on the right.
+
+    Extra left padding shifts a prompt's absolute positions uniformly; with rotary position embeddings (Qwen, Llama
+    and the other models RPG targets) the log-probs, and so the stored sampling log-probs, are unchanged up to float
+    rounding. Models with absolute position embeddings would see different log-probs for re-padded rows.
+    """
+    parts = [p for p in parts if p and _rows(p) > 0]
+    if not parts:
+        raise ValueError("Nothing to merge.")
+    keys = list(parts[0])
+    for p in parts[1:]:
+        if set(p) != set(keys):
+            raise ValueError(f"Generation batches with different fields cannot be merged: {sorted(keys)} vs "
+                             f"{sorted(p)}.")
+    out = {}
+    for key in keys:
+        values = [p[key] for p in parts]
+        if values[0].dim() == 0:
+            out[key] = values[0]
+            continue
+        if key in PROMPT_FIELDS or key in COMPLETION_FIELDS:
+            pad_value = PROMPT_FIELDS.get(key, COMPLETION_FIELDS.get(key))
+            pad_value = pad_token_id if pad_value is None else pad_value
+            width = max(v.size(1) for v in values)
+            left = key in PROMPT_FIELDS
+            values = [F.pad(v, (width - v.size(1), 0) if left else (0, width - v.size(1)), value=pad_value)
+                      for v in values]
+        out[key] = torch.cat(values, dim=0)
+    return out
+
+
+def _rows(batch: dict[str, Any]) -> int:
+    for key in (*PROMPT_FIELDS, *COMPLETION_FIELDS, *ROW_FIELDS):
+        if batch.get(key) is not None:
+            return batch[key].size(0)
+    raise ValueError(f"Generation batch without row fields: {sorted(batch)}.")
+
+
+def to_device(batch: dict[str, Any], device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Bookkeeping across rounds
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRecord:
+    round: int
+    group: int  # index of the group in its round's global batch
+    informative: bool
+    spread: float
+
+
+def select_groups(records: Sequence[GroupRecord], target: int, fill: bool) -> list[GroupRecord]:
+    """The groups to train on: the first `target` informative groups in generation order; if there are fewer and
+    `fill`, topped up with the non-informative groups of highest spread (then earliest)."""
+    chosen = [r for r in records if r.informative][:target]
+    if fill and len(chosen) < target:
+        rest = sorted((r for r in records if not r.informative), key=lambda r: (-r.spread, r.round, r.group))
+        chosen += rest[:target - len(chosen)]
+    return chosen
+
+
+@dataclasses.dataclass
+class RankPlan:
+    """Where the rows one process trains on come from (rows are `(round, local_index)` on their owner)."""
+
+    keep: list[tuple[int, int]]  # own rows kept
+    receive: list[tuple[int, int, int]]  # (source rank, round, local index), in arrival order
+    send: dict[int, list[tuple[int, int]]]  # destination rank -> own rows to send, in the order it expects them
+
+
+def plan_layout(selected: Sequence[GroupRecord], num_generations: int, local_batch_size: int,
+                world_size: int) -> list[RankPlan]:
+    """Assign the rows of the selected groups to processes, `local_batch_size` each, moving as few as possible.
+
+    Every process computes the same plan from the same (gathered) information. Each process keeps the selected rows
+    it already holds, up to `local_batch_size`; the surplus of over-full processes goes, in rank order, to the
+    processes that are short. Every row of every selected group is trained on exactly once, so groups stay whole
+    across the global batch (the loss needs no group structure once advantages are computed, and TRL shuffles rows
+    anyway).
+    """
+    if len(selected) * num_generations != local_batch_size * world_size:
+        raise ValueError(f"{len(selected)} groups of {num_generations} cannot fill {world_size} x "
+                         f"{local_batch_size} rows.")
+    held: list[list[tuple[int, int]]] = [[] for _ in range(world_size)]
+    for rec in selected:
+        for j in range(num_generations):
+            row = rec.group * num_generations + j
+            held[row // local_batch_size].append((rec.round, row % local_batch_size))
+    plans = [RankPlan(keep=h[:local_batch_size], receive=[], send={}) for h in held]
+    surplus = [(src, row) for src, h in enumerate(held) for row in h[local_batch_size:]]
+    cursor = 0
+    for dst, plan in enumerate(plans):
+        need = local_batch_size - len(plan.keep)
+        for src, (rnd, idx) in surplus[cursor:cursor + need]:
+            plan.receive.append((src, rnd, idx))
+            plans[src].send.setdefault(dst, []).append((rnd, idx))
+        cursor += need
+    return plans
+
+
+class RoundBuffer:
+    """The rows one process may still need, over the generation rounds of one training batch.
+
+    After each round only the rows of the groups the current selection would train on are kept (a row dropped once is
+    never selected later: informative groups are taken in generation order and the filler set only shrinks), so
+    memory stays at about one batch plus one round.
+    """
+
+    def __init__(self, target_groups: int, num_generations: int, local_batch_size: int, world_size: int, rank: int,
+                 fill: bool):
+        self.target = target_groups
+        self.G = num_generations
+        self.B = local_batch_size
+        self.W = world_size
+        self.rank = rank
+        self.fill = fill
+        self.records: list[GroupRecord] = []
+        self.rounds: list[tuple[dict[str, Any], list[int]]] = []  # (rows kept, their local indices)
+
+    @property
+    def rounds_used(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def groups_generated(self) -> int:
+        return len(self.records)
+
+    @property
+    def groups_informative(self) -> int:
+        return sum(r.informative for r in self.records)
+
+    @property
+    def full(self) -> bool:
+        return self.groups_informative >= self.target
+
+    def add_round(self, batch: dict[str, Any], informative: torch.Tensor, spread: torch.Tensor) -> None:
+        _check_fields(batch, self.B)
+        if informative.numel() * self.G != self.B * self.W:
+            raise ValueError(f"{informative.numel()} groups of {self.G} do not match {self.W} processes x {self.B} "
+                             "rows.")
+        round_index = len(self.rounds)
+        self.records += [GroupRecord(round_index, g, bool(i), float(s))
+                         for g, (i, s) in enumerate(zip(informative.tolist(), spread.tolist()))]
+        self.rounds.append((batch, list(range(self.B))))
+        self._prune()
+
+    def _prune(self) -> None:
+        wanted: dict[int, set[int]] = {}
+        lo, hi = self.rank * self.B, (self.rank + 1) * self.B
+        for rec in select_groups(self.records, self.target, self.fill):
+            for row in range(rec.group * self.G, (rec.group + 1) * self.G):
+                if lo <= row < hi:
+                    wanted.setdefault(rec.round, set()).add(row - lo)
+        for k, (batch, index) in enumerate(self.rounds):
+            keep = [pos for pos, idx in enumerate(index) if idx in wanted.get(k, ())]
+            if len(keep) != len(index):
+                self.rounds[k] = (select_rows(batch, keep), [index[pos] for pos in keep])
+
+    def rows(self, wanted: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+        """This process's rows `(round, local_index)`, as one dict per run of rows from the same round (in order)."""
+        positions = [{idx: pos for pos, idx in enumerate(index)} for _, index in self.rounds]
+        parts: list[dict[str, Any]] = []
+        run_round, run = None, []
+        for rnd, idx in [*wanted, (None, None)]:
+            if rnd != run_round and run:
+                parts.append(select_rows(self.rounds[run_round][0], run))
+                run = []
+            if rnd is None:
+                break
+            run_round = rnd
+            run.append(positions[rnd][idx])
+        return parts
+
+    def assemble(self, pad_token_id: int, exchange: Callable[[dict[int, dict]], list[dict[int, dict]]] | None,
+                 device=None) -> tuple[dict[str, Any], list[GroupRecord], RankPlan]:
+        """This process's training rows: its kept rows plus the rows other processes send it.
+
+        `exchange(outgoing)` is an all-gather: it takes `{destination rank: batch dict}` and returns every process's
+        outgoing dict, in rank order. It is called on every process or on none (the plan is the same everywhere).
+        """
+        selected = select_groups(self.records, self.target, self.fill)
+        plans = plan_layout(selected, self.G, self.B, self.W)
+        mine = plans[self.rank]
+        parts = self.rows(mine.keep)
+        if any(p.send for p in plans):
+            if exchange is None:
+                raise RuntimeError("Rows must move between processes but no exchange function was given.")
+            outgoing = {dst: to_device(merge_rows(self.rows(rows), pad_token_id), "cpu")
+                        for dst, rows in mine.send.items()}
+            incoming = exchange(outgoing)
+            for src in sorted({src for src, _, _ in mine.receive}):
+                parts.append(to_device(incoming[src][self.rank], device) if device is not None
+                             else incoming[src][self.rank])
+        merged = merge_rows(parts, pad_token_id)
+        if _rows(merged) != self.B:
+            raise RuntimeError(f"Assembled {_rows(merged)} rows, expected {self.B}.")
+        return merged, selected, mine
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Extra prompts
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class PromptStream:
+    """Prompts for the extra generation rounds, laid out like TRL's generation batches.
+
+    A stream of prompt indices over the training set, reshuffled every pass with a generator seeded from
+    `(seed, pass)` (a different permutation from TRL's own sampler), is cut into global batches of
+    `local_batch_size * world_size / num_generations` prompts; each prompt fills `num_generations` consecutive rows
+    and process `rank` takes rows `[rank * B, (rank + 1) * B)`. The stream is a pure function of the number of prompts
+    drawn so far (`cursor`), so every process draws the same prompts without communicating and a run resumes exactly
+    from the saved cursor.
+    """
+
+    SEED_OFFSET = 0x5EED_D5  # keeps the stream off TRL's own permutation
+
+    def __init__(self, dataset, seed: int, shuffle: bool, num_generations: int, local_batch_size: int,
+                 world_size: int, rank: int):
+        self.dataset = dataset
+        self.seed = int(seed)
+        self.shuffle = shuffle
+        self.G = num_generations
+        self.B = local_batch_size
+        self.W = world_size
+        self.rank = rank
+        if (self.B * self.W) % self.G:
+            raise ValueError(f"{world_size} x {local_batch_size} rows do not split into groups of {num_generations}.")
+        self.prompts_per_round = self.B * self.W // self.G
+        self.map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
+        self._perm: tuple[int, torch.Tensor] | None = None
+        self._iter: tuple[int, int, Any] | None = None  # (epoch, position, iterator) for iterable datasets
+
+    def _generator(self, epoch: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + self.SEED_OFFSET + epoch) % (2 ** 63))
+
+    def indices(self, cursor: int, count: int) -> list[int]:
+        """Dataset indices of prompts `cursor .. cursor + count - 1` of the stream (map-style datasets)."""
+        n = len(self.dataset)
+        if n == 0:
+            raise ValueError("The training set is empty.")
+        out = []
+        for j in range(cursor, cursor + count):
+            epoch, pos = divmod(j, n)
+            if not self.shuffle:
+                out.append(pos)
+                continue
+            if self._perm is None or self._perm[0] != epoch:
+                self._perm = (epoch, torch.randperm(n, generator=self._generator(epoch)))
+            out.append(int(self._perm[1][pos]))
+        return out
+
+    def _rank_slice(self, cursor: int) -> list[int]:
+        """Stream positions (relative to `cursor`) of this process's rows."""
+        return [row // self.G for row in range(self.rank * self.B, (self.rank + 1) * self.B)]
+
+    def draw(self, cursor: int) -> tuple[list[dict], int]:
+        """This process's rows of the next round, and the new cursor."""
+        positions = self._rank_slice(cursor)
+        if self.map_style:
+            wanted = sorted(set(positions))
+            idx = self.indices(cursor + wanted[0], wanted[-1] - wanted[0] + 1)
+            unique = {p: idx[p - wanted[0]] for p in wanted}
+            fetch = [unique[p] for p in wanted]
+            if hasattr(self.dataset, "__getitems__"):
+                examples = self.dataset.__getitems__(fetch)
+            else:
+                examples = [self.dataset[i] for i in fetch]
+            by_pos = dict(zip(wanted, examples))
+        else:
+            examples = self._read_iterable(cursor, self.prompts_per_round)
+            by_pos = {p: examples[p] for p in set(positions)}
+        rows = [dict(by_pos[p]) for p in positions]  # fresh dicts: TRL writes extra fields into its inputs
+        return rows, cursor + self.prompts_per_round
+
+    def _read_iterable(self, cursor: int, count: int) -> list[dict]:
+        out = []
+        while len(out) < count:
+            epoch_state = self._iter
+            if epoch_state is None or (epoch_state[0], epoch_state[1]) != self._locate(cursor + len(out)):
+                self._iter = self._open(cursor + len(out))
+            epoch, pos, it = self._iter
+            try:
+                example = next(it)
+            except StopIteration:
+                if pos == 0:
+                    raise ValueError("The training set is empty.") from None
+                self._epoch_length = pos
+                self._iter = self._open_epoch(epoch + 1)
+                continue
+            out.append(example)
+            self._iter = (epoch, pos + 1, it)
+        return out
+
+    # iterable datasets: the length is learnt at the end of the first pass
+    _epoch_length: int | None = None
+
+    def _locate(self, j: int) -> tuple[int, int]:
+        if self._epoch_length is None:
+            return 0, j
+        return divmod(j, self._epoch_length)
+
+    def _open_epoch(self, epoch: int):
+        dataset = self.dataset
+        if self.shuffle and hasattr(dataset, "shuffle"):
+            dataset = dataset.shuffle(seed=(self.seed * 1_000_003 + self.SEED_OFFSET) % (2 ** 32))
+            if hasattr(dataset, "set_epoch"):
+                dataset.set_epoch(epoch)
+        return epoch, 0, iter(dataset)
+
+    def _open(self, j: int):
+        if self._epoch_length is None:  # first pass not finished: read from the start, skipping j examples
+            epoch, pos = 0, j
+        else:
+            epoch, pos = divmod(j, self._epoch_length)
+        epoch_, _, it = self._open_epoch(epoch)
+        for skipped in range(pos):
+            try:
+                next(it)
+            except StopIteration:  # the dataset is shorter than the cursor says: learn its length and retry
+                self._epoch_length = skipped
+                return self._open(j)
+        return epoch_, pos, it
+
+
+def summary(buffer: RoundBuffer, selected: Sequence[GroupRecord], exhausted: bool) -> dict[str, float]:
+    """The `dynamic_sampling/*` metrics of one training batch."""
+    generated = buffer.groups_generated
+    informative = buffer.groups_informative
+    return {
+        "rounds": float(buffer.rounds_used),
+        "groups_generated": float(generated),
+        "groups_kept": float(informative),
+        "frac_filtered": 1.0 - informative / generated if generated else 0.0,
+        "groups_trained_without_signal": float(sum(not r.informative for r in selected)),
+        "exhausted": float(exhausted),
+    }
+
+
+__all__ = [
+    "GroupRecord", "PromptStream", "RankPlan", "RoundBuffer", "STATE_KEY", "group_reward_signal", "merge_rows",
+    "plan_layout", "select_groups", "select_rows", "summary",
+]
