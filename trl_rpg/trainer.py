@@ -16,6 +16,7 @@ from trl import GRPOConfig, GRPOTrainer
 from . import _compat
 from .config import RPGConfig
 from .objectives import rpg_per_token_loss
+from .validation import checked_reward_function, validate_train_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class RPGTrainer(GRPOTrainer):
                 raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
             args = RPGConfig.from_grpo_config(args)
 
+        train_dataset = positional[0] if positional else kwargs.get("train_dataset")
+        if kwargs.get("environment_factory") is None:
+            validate_train_dataset(train_dataset)  # before any model is loaded
+
         # TRL's `self.beta` decides whether a reference model exists and whether reference log-probs are computed.
         # With rpg_reference="sampling" the reference is the sampler itself: TRL must build and query none.
         self.rpg_beta = args.beta
@@ -68,6 +73,9 @@ class RPGTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
         finally:
             args.beta = self.rpg_beta
+
+        self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(f, name)
+                             for f, name in zip(self.reward_funcs, self.reward_func_names)]
 
         self._rpg_ref_version = 0  # bumped at each reference update; stale buffered reference log-probs are redone
         self._rpg_ref_updates = 0
