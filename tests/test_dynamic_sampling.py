@@ -64,7 +64,7 @@ def test_filter_with_several_reward_functions():
     assert signal(rows, [1.0, 1.0])[0] == [False, False]
     assert signal(rows, [1.0, 2.0])[0] == [True, False]
     # normalize_then_sum: per-function normalisation first; equal weights cancel, unequal ones do not
-    f1, f2 = [1, 0, 0, 0], [0, 3, 3, 3]
+    f1, f2 = [1, 0, 0, 0], [0, 1, 1, 1]
     rows = [[a, b] for a, b in zip(f1, f2)] + [[5, 7]] * 4
     assert signal(rows, [1.0, 1.0], "normalize_then_sum")[0] == [False, False]
     assert signal(rows, [1.0, 2.0], "normalize_then_sum")[0] == [True, False]
@@ -126,7 +126,7 @@ def fake_round(round_index, rank, local, prompt_width, completion_width):
 
 def test_two_rank_assembly_moves_rows_and_repads():
     world_size, local = 2, 6  # 3 groups of 4 per round; group 1 spans the two ranks
-    informative = [torch.tensor([False, True, False]), torch.tensor([True, False, True])]
+    informative = [torch.tensor([False, False, True]), torch.tensor([False, True, True])]
     widths = [(3, 5), (6, 2)]
     barrier = threading.Barrier(world_size)
     mailbox = [None] * world_size
@@ -151,11 +151,14 @@ def test_two_rank_assembly_moves_rows_and_repads():
         t.start()
     for t in threads:
         t.join()
-    # selected: round 0 group 1 (rows 4..7), round 1 groups 0 and 2 (rows 0..3 and 8..11)
-    want = sorted([4, 5, 6, 7] + [1000 + r for r in (0, 1, 2, 3, 8, 9, 10, 11)])
+    # selected: round 0 group 2 (rows 8..11, rank 1), round 1 groups 1 (rows 4, 5 on rank 0; 6, 7 on rank 1) and 2
+    want = [8, 9, 10, 11] + [1000 + r for r in range(4, 12)]
     got = []
-    for merged, selected, plan in results:
-        assert merged["prompt_ids"].shape == (local, 6) and merged["completion_ids"].shape == (local, 5)
+    # rank 1 keeps its round-0 rows and round-1 rows 6, 7 and sends round-1 rows 8..11 to rank 0, which so holds
+    # round-1 rows only (prompt width 6, completion width 2); rank 1 re-pads to (6, 5)
+    assert results[1][2].send == {0: [(1, 2), (1, 3), (1, 4), (1, 5)]} and len(results[0][2].receive) == 4
+    for (merged, selected, plan), shape in zip(results, [(6, 2), (6, 5)]):
+        assert (merged["prompt_ids"].size(1), merged["completion_ids"].size(1)) == shape
         assert "num_items_in_batch" not in merged  # recomputed by the trainer
         assert torch.equal(merged["prompt_ids"][:, -1].float(), merged["advantages"])  # prompts left-padded
         assert torch.equal(merged["completion_ids"][:, 0].float(), merged["advantages"])  # completions right
@@ -163,7 +166,6 @@ def test_two_rank_assembly_moves_rows_and_repads():
         assert torch.equal(merged["old_per_token_logps"][:, 0], merged["advantages"])
         got += merged["advantages"].long().tolist()
     assert sorted(got) == want
-    assert len(results[0][2].receive) + len(results[1][2].receive) > 0  # rank 1 held 10 rows, rank 0 only 2
 
 
 def test_unknown_fields_are_refused():
@@ -252,6 +254,8 @@ def test_trained_batches_hold_only_groups_with_signal(tmp_path, model_path):
         rows = batch["rows"]
         assert len(rows) == 16  # full
         assert batch["num_items_in_batch"] == batch["completion_tokens"]
+        # rows of several rounds were re-padded to one width; their stored sampling log-probs still hold (RoPE)
+        assert batch["logp_gap"] < 1e-4
         by_prompt = defaultdict(list)
         for (prompt, ids), adv in zip(rows, batch["advantages"]):
             by_prompt[prompt].append((table[(prompt, ids)], adv))
@@ -310,6 +314,21 @@ def test_cap_train_keeps_the_informative_groups(tmp_path, model_path):
     assert sorted(batch["rows"]) == sorted((p, ids) for p, ids, _ in batch["calls"][0])  # the one round, all of it
 
 
+def test_reference_logps_and_group_scaling_pass_through(tmp_path, model_path):
+    reward = SubsetReward()
+    trainer = make_trainer(model_path, tmp_path, reward, max_steps=2, beta=0.05, rpg_reference="initial",
+                           scale_rewards="group", mask_truncated_completions=True)
+    trainer.train()
+    (batch,) = trainer.batches
+    assert len(batch["rows"]) == 16 and batch["logp_gap"] < 1e-4
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    by_prompt = defaultdict(list)
+    for (prompt, _), adv in zip(batch["rows"], batch["advantages"]):
+        by_prompt[prompt].append(adv)
+    assert all(not is_constant_prompt(p) and max(a) > min(a) for p, a in by_prompt.items())
+
+
 def test_disabled_is_plain_grpo_batching(tmp_path, model_path):
     reward = SubsetReward()
     trainer = make_trainer(model_path, tmp_path, reward, dynamic_sampling=False, max_steps=2)
@@ -348,7 +367,8 @@ def test_two_processes_stay_in_step(tmp_path, model_path):
     out = tmp_path / "ddp"
     out.mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # `accelerate launch --cpu` needs MPI for several CPU processes; torchrun sets up gloo directly
+    # `accelerate launch --cpu --num_processes 2` wants MPI for several CPU processes; torchrun (or, equivalently,
+    # `accelerate launch --multi_gpu --num_processes 2` with `use_cpu=True` in the config) sets up gloo directly
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(29500 + os.getpid() % 1000), DDP_SCRIPT, model_path, str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -360,6 +380,7 @@ def test_two_processes_stay_in_step(tmp_path, model_path):
     assert ranks[0]["logs"] == ranks[1]["logs"] and len(ranks[0]["logs"]) == 2  # 6 steps, 3 per generation batch
     local = 6  # 2 rows x 3 steps per generation; 2 processes -> 3 groups of 4 per batch, group 1 spans ranks
     for k, log in enumerate(ranks[0]["logs"]):
+        log = {key.split("/", 1)[1]: value for key, value in log.items()}
         b0, b1 = ranks[0]["batches"][k], ranks[1]["batches"][k]
         assert len(b0["calls"]) == len(b1["calls"]) == log["rounds"]  # same rounds on both ranks
         assert len(b0["rows"]) == len(b1["rows"]) == local

@@ -7,10 +7,13 @@ Tested against TRL 1.16 (`pyproject.toml` pins `trl>=1.16,<1.17`). `RPGTrainer` 
 - `_generate_and_score_completions(inputs)`: tags each generation batch with the reference version (and runs
   dynamic sampling).
 - `_save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
+- `_calculate_rewards`: keeps the gathered rewards for dynamic sampling's group filter.
 
 and reads these private attributes: `_buffered_inputs` and `_step` (the reused generation batch and the micro-step
 counter of `GRPOTrainer._prepare_inputs`), `_metrics`, `_get_per_token_logps_and_entropies`,
-`get_high_entropy_mask`, `get_off_policy_mask`, `current_gradient_accumulation_steps`, `aux_loss_enabled`.
+`get_high_entropy_mask`, `get_off_policy_mask`, `current_gradient_accumulation_steps`, `aux_loss_enabled`; and,
+for dynamic sampling, `state.stateful_callbacks`, `_tokenizer`, `reward_weights`, `multi_objective_aggregation`,
+`shuffle_dataset`, `_remove_unused_columns`.
 """
 
 from trl.trainer.callbacks import SyncRefModelCallback

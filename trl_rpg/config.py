@@ -79,13 +79,19 @@ class RPGConfig(GRPOConfig):
         > Parameters that control dynamic sampling (DAPO)
 
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            Drop groups whose rewards have zero variance and generate more prompts until the batch is full.
+            Drop groups whose rewards have zero variance (up to float rounding; binary or not: the filter reads the
+            variance, not the mean) and generate more prompts until the generation batch again holds
+            `generation_batch_size / num_generations` groups; the batch then trains (and is reused) as usual. Extra
+            prompts come from a seeded stream over the training set whose position is saved in `trainer_state.json`.
+            Logged under `dynamic_sampling/`: `rounds`, `groups_generated`, `groups_kept`, `frac_filtered`,
+            `groups_trained_without_signal`, `exhausted`, `exhausted_total`. Not supported with multimodal inputs.
         dynamic_sampling_max_rounds (`int`, *optional*, defaults to `8`):
-            Generation rounds allowed per training batch.
+            Generation rounds allowed per training batch, the first one included.
         dynamic_sampling_on_exhausted (`str`, *optional*, defaults to `"train"`):
-            What happens when the rounds run out before the batch is full: `"train"` fills the batch with the
-            highest-variance groups seen (zero-variance groups then carry no gradient) and logs it; `"raise"` stops
-            with an error.
+            What happens when the rounds run out before the batch is full: `"train"` trains on every group kept,
+            topped up with the highest-variance groups seen among the dropped ones (whose advantages are zero: no
+            policy-gradient signal, though their tokens still count in the loss normalisation and the KL term), logs
+            it and warns; `"raise"` stops with a `RuntimeError` on every process.
     """
 
     # ---- GRPOConfig fields whose defaults change (the paper's setup) ----

@@ -400,13 +400,13 @@ class PromptStream:
             out.append(int(self._perm[1][pos]))
         return out
 
-    def _rank_slice(self, cursor: int) -> list[int]:
-        """Stream positions (relative to `cursor`) of this process's rows."""
+    def _rank_slice(self) -> list[int]:
+        """Stream positions (relative to the cursor) of this process's rows."""
         return [row // self.G for row in range(self.rank * self.B, (self.rank + 1) * self.B)]
 
     def draw(self, cursor: int) -> tuple[list[dict], int]:
         """This process's rows of the next round, and the new cursor."""
-        positions = self._rank_slice(cursor)
+        positions = self._rank_slice()
         if self.map_style:
             wanted = sorted(set(positions))
             idx = self.indices(cursor + wanted[0], wanted[-1] - wanted[0] + 1)

@@ -28,7 +28,7 @@ BUFFER_FILE = "rpg_generation_buffer_rank{rank}.pt"
 _RPG_CITATION = textwrap.dedent("""\
     @inproceedings{zhang2026rpg,
         title        = {{On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning}},
-        author       = {Yifan Zhang and Yifeng Liu and Huizhuo Yuan and Quanquan Gu and Andrew C. Yao},
+        author       = {Yifan Zhang and Yifeng Liu and Huizhuo Yuan and Quanquan Gu and Andrew Chi-Chih Yao},
         booktitle    = {The Fourteenth International Conference on Learning Representations},
         year         = 2026,
         eprint       = {arXiv:2505.17508},

@@ -2,6 +2,8 @@
 
 import zlib
 
+import torch
+
 from trl_rpg import RPGTrainer
 
 
@@ -52,6 +54,7 @@ class RecordingTrainer(RPGTrainer):
                 c = output["completion_ids"][i][output["completion_mask"][i].bool()].tolist()
                 rows.append(("".join(tok.convert_ids_to_tokens(p)), tuple(c)))
             self.batches.append({
+                "logp_gap": self._stored_logp_gap(output),
                 "rows": rows, "advantages": output["advantages"].tolist(),
                 "num_items_in_batch": float(output["num_items_in_batch"]),
                 "completion_tokens": float(output["completion_mask"].sum()),
@@ -60,13 +63,25 @@ class RecordingTrainer(RPGTrainer):
             })
         return output
 
+    def _stored_logp_gap(self, output):
+        """Max |stored sampling log-prob - log-prob of the assembled (re-padded) batch| over completion tokens."""
+        if "old_per_token_logps" not in output:
+            return None
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, mask, output["completion_ids"].size(1), batch_size=ids.size(0))
+        gap = (logps - output["old_per_token_logps"]).abs() * output["completion_mask"]
+        return float(gap.max())
+
 
 def reward_lookup(calls):
     """(prompt, completion ids) -> reward, over reward calls."""
     table = {}
     for call in calls:
         for prompt, ids, r in call:
-            table[(prompt, ids)] = r
+            table[(prompt, tuple(ids))] = r
     return table
 
 
