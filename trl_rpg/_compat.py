@@ -16,7 +16,6 @@ for dynamic sampling, `state.stateful_callbacks`, `_tokenizer`, `reward_weights`
 `shuffle_dataset`, `_remove_unused_columns`.
 """
 
-from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import use_adapter
 
 try:  # TRL 1.16
@@ -36,15 +35,10 @@ MULTIMODAL_KEYS = (
 )
 
 
-def copy_parameters(source, target) -> None:
-    """target <- source, parameter by parameter (ZeRO-3-safe: TRL's ref-model sync gathers and re-partitions)."""
-    SyncRefModelCallback.sync_target_model(source, target, alpha=1.0)
-
 
 __all__ = [
     "MULTIMODAL_KEYS",
     "PREFIX_CHECKPOINT_DIR",
-    "copy_parameters",
     "disable_gradient_checkpointing",
     "rotate_checkpoints",
     "use_adapter",

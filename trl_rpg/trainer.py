@@ -100,7 +100,7 @@ class RPGTrainer(GRPOTrainer):
         for name, param in model.named_parameters():
             if ".ref." in name:
                 param.requires_grad_(False)
-        _compat.copy_parameters(*self._rpg_adapter_pairs())
+        _copy_parameters(*self._rpg_adapter_pairs())
 
     def _rpg_adapter_pairs(self):
         model = self.accelerator.unwrap_model(self.model)
@@ -120,9 +120,9 @@ class RPGTrainer(GRPOTrainer):
         """pi_ref <- pi_theta (paper section 5, "iterative reference updates"); ZeRO-3-safe."""
         model = self.accelerator.unwrap_model(self.model)
         if self.ref_model is not None:
-            _compat.copy_parameters(model, self.ref_model)
+            _copy_parameters(model.parameters(), self.ref_model.parameters())
         elif is_peft_model(model):
-            _compat.copy_parameters(*self._rpg_adapter_pairs())
+            _copy_parameters(*self._rpg_adapter_pairs())
         else:  # pragma: no cover - guarded by RPGConfig (beta > 0 for non-sampling references)
             raise RuntimeError("No reference to update: rpg_reference needs beta > 0.")
         self._rpg_ref_version += 1
@@ -413,7 +413,7 @@ class RPGTrainer(GRPOTrainer):
         torch.save({"step": self._step, "buffer": _to_device(buffer, "cpu")},
                    os.path.join(output_dir, BUFFER_FILE.format(rank=rank)))
         if self.args.rpg_reference in ("periodic", "adaptive"):
-            tensors = _gather_to_cpu(self._rpg_reference_parameters())
+            tensors = _gather_to_cpu(self._rpg_reference_parameters(), keep=self.args.should_save)
             if self.args.should_save:
                 torch.save(tensors, os.path.join(output_dir, REFERENCE_FILE))
         if self.args.should_save:
@@ -566,30 +566,81 @@ def _is_zero3_param(p) -> bool:
     return hasattr(p, "ds_id")
 
 
-def _gather_to_cpu(params: list[nn.Parameter]) -> list[torch.Tensor]:
-    if any(_is_zero3_param(p) for p in params):
-        import deepspeed
+#: Elements gathered at once when ZeRO-3 parameters are copied, saved or restored: the transient full-size memory
+#: of a reference update or a checkpoint is bounded by this, not by the size of the model.
+ZERO3_GATHER_NUMEL = 50_000_000
 
-        with deepspeed.zero.GatheredParameters(params):
-            return [p.data.detach().cpu().clone() for p in params]
-    return [p.data.detach().cpu().clone() for p in params]
+
+def _full_numel(p) -> int:
+    return p.ds_numel if _is_zero3_param(p) else p.numel()
+
+
+def _groups(items, numel):
+    """Consecutive groups of `items` holding at most ZERO3_GATHER_NUMEL elements (at least one item each)."""
+    group, size = [], 0
+    for item in items:
+        n = numel(item)
+        if group and size + n > ZERO3_GATHER_NUMEL:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += n
+    if group:
+        yield group
+
+
+def _copy_parameters(source, target) -> None:
+    """target <- source, parameter by parameter. ZeRO-3: gathered a bounded group at a time (a collective call),
+    copied on rank 0 and re-partitioned from it."""
+    pairs = list(zip(source, target, strict=True))
+    if not any(_is_zero3_param(p) for pair in pairs for p in pair):
+        with torch.no_grad():
+            for s, t in pairs:
+                t.data.copy_(s.data)
+        return
+    import deepspeed
+
+    rank0 = deepspeed.comm.get_rank() == 0
+    for group in _groups(pairs, lambda pair: _full_numel(pair[0]) + _full_numel(pair[1])):
+        with deepspeed.zero.GatheredParameters([p for pair in group for p in pair], modifier_rank=0), \
+                torch.no_grad():
+            for s, t in group:
+                if rank0 or not _is_zero3_param(t):
+                    t.data.copy_(s.data)
+
+
+def _gather_to_cpu(params: list[nn.Parameter], keep: bool = True) -> list[torch.Tensor] | None:
+    """Full CPU copies of `params`, or None where `keep` is False. ZeRO-3 parameters are gathered a bounded group at
+    a time, on every rank (a collective call); only ranks that keep the result copy it to the CPU."""
+    if not any(_is_zero3_param(p) for p in params):
+        return [p.data.detach().cpu().clone() for p in params] if keep else None
+    import deepspeed
+
+    tensors = []
+    for group in _groups(params, _full_numel):
+        with deepspeed.zero.GatheredParameters(group):
+            if keep:
+                tensors.extend(p.data.detach().cpu().clone() for p in group)
+    return tensors if keep else None
 
 
 def _scatter_from_cpu(params: list[nn.Parameter], tensors: list[torch.Tensor]) -> None:
     if len(params) != len(tensors):
         raise ValueError(f"Reference snapshot has {len(tensors)} tensors but the reference has {len(params)} "
                          "parameters; was the checkpoint written with a different model or PEFT config?")
-    if any(_is_zero3_param(p) for p in params):
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-            if deepspeed.comm.get_rank() == 0:
-                for p, t in zip(params, tensors):
-                    p.data.copy_(t.to(p.device, p.dtype))
+    if not any(_is_zero3_param(p) for p in params):
+        with torch.no_grad():
+            for p, t in zip(params, tensors):
+                p.data.copy_(t.to(p.device, p.dtype))
         return
-    with torch.no_grad():
-        for p, t in zip(params, tensors):
-            p.data.copy_(t.to(p.device, p.dtype))
+    import deepspeed
+
+    rank0 = deepspeed.comm.get_rank() == 0
+    for group in _groups(list(zip(params, tensors)), lambda pair: _full_numel(pair[0])):
+        with deepspeed.zero.GatheredParameters([p for p, _ in group], modifier_rank=0), torch.no_grad():
+            for p, t in group:
+                if rank0 or not _is_zero3_param(p):
+                    p.data.copy_(t.to(p.device, p.dtype))
 
 
 __all__ = ["RPGTrainer", "last_complete_checkpoint"]

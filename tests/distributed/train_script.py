@@ -5,6 +5,7 @@ Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_scrip
     model_dir      local model directory (tests/_tiny.py `save_tiny_model`)
     output_dir     trainer output directory
     result         path of the JSON result file; each rank writes `<result>.rank<R>.json`
+    gather_numel   optional: trl_rpg.trainer.ZERO3_GATHER_NUMEL (elements gathered at once under ZeRO-3)
     runs           list of runs trained one after the other in this process; each run is a dict with
         name                 key of the run in the result file
         peft                 train a LoRA adapter instead of the full model
@@ -30,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _tiny.py
 
 from _tiny import cpu_args, length_reward, tiny_dataset  # noqa: E402
+from accelerate import PartialState  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
 
 from trl_rpg import RPGConfig, RPGTrainer  # noqa: E402
@@ -64,16 +66,26 @@ class FixedCompletionRPGTrainer(RPGTrainer):
 
 
 def zero3_partition(model) -> dict | None:
-    """How a ZeRO-3 model's parameters are held on this rank (None without ZeRO-3 parameters)."""
-    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    """How a ZeRO-3 model's parameters are held on this rank (None without ZeRO-3 parameters).
+
+    DeepSpeed keeps parameters below `stage3_param_persistence_threshold` elements whole on every rank
+    ("persistent"); every other parameter exists on a rank only as its partition `ds_tensor` (and as a full tensor
+    only while gathered).
+    """
+    params = [(n, p) for n, p in model.named_parameters() if hasattr(p, "ds_id")]
     if not params:
         return None
+    persistent = [p for _, p in params if getattr(p, "ds_persist", False)]
+    partitioned = [p for _, p in params if not getattr(p, "ds_persist", False)]
     return {
         "num_params": len(params),
-        "full_numel": int(sum(p.ds_numel for p in params)),  # the whole model
-        "local_numel": int(sum(p.ds_tensor.numel() for p in params)),  # this rank's partition (padded)
-        "materialised_numel": int(sum(p.numel() for p in params)),  # 0 when nothing is gathered or persistent
-        "persistent": int(sum(bool(getattr(p, "ds_persist", False)) for p in params)),
+        "num_persistent": len(persistent),
+        "full_numel": int(sum(p.ds_numel for _, p in params)),  # the whole model
+        "persistent_numel": int(sum(p.ds_numel for p in persistent)),
+        "partitioned_full_numel": int(sum(p.ds_numel for p in partitioned)),
+        "partitioned_local_numel": int(sum(p.ds_tensor.numel() for p in partitioned)),  # this rank's share, padded
+        # parameters of the partitioned kind that are whole on this rank right now (should be none between steps)
+        "materialised": [n for n, p in params if not getattr(p, "ds_persist", False) and p.numel() > 0],
     }
 
 
@@ -104,26 +116,33 @@ def reference_probe(trainer) -> list[float] | None:
     return trainer._rpg_reference_logps(inputs, completion.size(1))[0].float().cpu().tolist()
 
 
-class ProbeRecorder(TrainerCallback):
-    """Records policy and reference probe log-probs before training and after each optimizer step.
+class Recorder(TrainerCallback):
+    """After each optimizer step: how the ZeRO-3 parameters are held, then (with `probe`) the probe log-probs.
 
-    Added after RPGTrainer's reference-schedule callback, so a record at step k sees the reference update of step k.
+    Also records the probes before training. Added after RPGTrainer's reference-schedule callback, so a record at
+    step k sees the reference update of step k.
     """
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, probe: bool):
         self.trainer = trainer
-        self.records = []
+        self.probe = probe
+        self.partitions = []
+        self.probes = []
 
-    def _record(self, step):
-        self.records.append({"step": step, "policy": policy_probe(self.trainer),
-                             "reference": reference_probe(self.trainer)})
+    def _probe(self, step):
+        if self.probe:
+            self.probes.append({"step": step, "policy": policy_probe(self.trainer),
+                                "reference": reference_probe(self.trainer),
+                                "reference_updates": self.trainer._rpg_ref_updates})
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if not self.records:
-            self._record(state.global_step)
+        self._probe(state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self._record(state.global_step)
+        ref = self.trainer.ref_model
+        self.partitions.append({"step": state.global_step, "policy": zero3_partition(self.trainer.model),
+                                "reference": zero3_partition(ref) if ref is not None else None})
+        self._probe(state.global_step)
 
 
 def run_one(spec, run, model_dir):
@@ -143,10 +162,8 @@ def run_one(spec, run, model_dir):
         model=model_dir, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(16),
         processing_class=AutoTokenizer.from_pretrained(model_dir), peft_config=peft_config,
     )
-    recorder = None
-    if run.get("probe"):
-        recorder = ProbeRecorder(trainer)
-        trainer.add_callback(recorder)
+    recorder = Recorder(trainer, probe=bool(run.get("probe")))
+    trainer.add_callback(recorder)
 
     trainer.train(resume_from_checkpoint=run.get("resume_from_checkpoint"))
 
@@ -156,10 +173,9 @@ def run_one(spec, run, model_dir):
         "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled
         else None,
         "num_processes": trainer.accelerator.num_processes,
-        "policy_partition": zero3_partition(trainer.model),
-        "reference_partition": zero3_partition(trainer.ref_model) if trainer.ref_model is not None else None,
+        "partitions": recorder.partitions,
         "reference_updates": trainer._rpg_ref_updates,
-        "probes": recorder.records if recorder else None,
+        "probes": recorder.probes,
         "final_policy_probe": policy_probe(trainer),
         "peft": bool(run.get("peft")),
     }
@@ -172,10 +188,14 @@ def run_one(spec, run, model_dir):
 def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
+    if spec.get("gather_numel"):
+        import trl_rpg.trainer
+
+        trl_rpg.trainer.ZERO3_GATHER_NUMEL = spec["gather_numel"]
     results = {}
     for run in spec["runs"]:
         results[run["name"]] = run_one(spec, run, spec["model_dir"])
-    rank = int(os.environ.get("RANK", "0"))
+    rank = PartialState().process_index
     with open(f"{spec['result']}.rank{rank}.json", "w") as f:
         json.dump(results, f)
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# RPG vs GRPO (beta > 0) under DeepSpeed ZeRO-3 on one GPU: tokens per second and peak GPU memory, and their ratios.
+#
+#   bash scripts/gpu_check.sh              # CUDA machine: random ~0.5B Qwen2-shaped model, bf16, a few minutes
+#   bash scripts/gpu_check.sh --dry-run    # no GPU needed: tiny model, fp32, DeepSpeed on CPU; checks the plumbing
+#   bash scripts/gpu_check.sh --with-rpg-initial   # also RPG with a reference model (rpg_reference="initial")
+#
+# Environment: KEEP=1 keeps the work directory (model, per-run JSON); GPU=<index> picks the GPU (default 0).
+# Nothing is downloaded: the model is randomly initialised and saved locally first.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DRY_RUN=0
+TRAINERS=(rpg grpo)
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run|--tiny) DRY_RUN=1 ;;
+    --with-rpg-initial) TRAINERS+=(rpg-initial) ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $arg" >&2; exit 2 ;;
+  esac
+done
+
+PYTHON="${PYTHON:-python}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/rpg_gpu_check.XXXXXX")"
+cleanup() { if [ "${KEEP:-0}" = 1 ]; then echo "[gpu_check] kept $WORK"; else rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+
+CONFIG="$ROOT/accelerate_configs/deepspeed_zero3.yaml"
+LAUNCH=("$PYTHON" -m accelerate.commands.launch --config_file "$CONFIG" --num_processes 1 --num_machines 1)
+TINY=()
+if [ "$DRY_RUN" = 1 ]; then
+  echo "[gpu_check] --dry-run: tiny model, fp32, DeepSpeed ZeRO-3 on CPU (figures are meaningless)"
+  export DS_ACCELERATOR=cpu CUDA_VISIBLE_DEVICES="" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  LAUNCH+=(--mixed_precision no)
+  TINY=(--tiny)
+else
+  if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "[gpu_check] no CUDA device visible; use --dry-run to check the script on CPU" >&2
+    exit 1
+  fi
+  export CUDA_VISIBLE_DEVICES="${GPU:-${CUDA_VISIBLE_DEVICES:-0}}"
+  export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES%%,*}"  # one GPU
+  LAUNCH+=(--mixed_precision bf16)
+fi
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+
+free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+
+start=$(date +%s)
+"$PYTHON" "$ROOT/scripts/gpu_check.py" make-model "$WORK/model" "${TINY[@]}"
+OUTS=()
+for trainer in "${TRAINERS[@]}"; do
+  echo "[gpu_check] training with $trainer ..."
+  "${LAUNCH[@]}" --main_process_port "$(free_port)" "$ROOT/scripts/gpu_check.py" train --trainer "$trainer" \
+    --model "$WORK/model" --out "$WORK/$trainer.json" "${TINY[@]}" > "$WORK/$trainer.log" 2>&1 || {
+      echo "[gpu_check] $trainer failed; last lines of its log:" >&2; tail -n 40 "$WORK/$trainer.log" >&2; exit 1; }
+  OUTS+=("$WORK/$trainer.json")
+done
+"$PYTHON" "$ROOT/scripts/gpu_check.py" report "${OUTS[@]}"
+echo "[gpu_check] done in $(( $(date +%s) - start )) s"
