@@ -1,0 +1,592 @@
+"""Learning benchmark: RPG variants against GRPO and DAPO on the toy arithmetic task (the paper's Table 3 in
+miniature).
+
+    python -m benchmarks.learning            # full: 6 methods x 10 seeds x 100 steps (20-35 min on 2 CPU cores)
+    python -m benchmarks.learning --quick    # 6 methods x 2 seeds x 16 steps (under 5 min)
+
+Every method starts, for a given seed, from the *same* briefly supervised tiny Qwen2 model
+(``trl_rpg.toy.build_toy_model``, built once per seed and cached under ``benchmarks/.cache``), trains on the same
+prompts with the same seed, learning rate, batch layout and budget, and reuses each generation batch for several
+optimizer steps (``steps_per_generation = REUSE``) so that the later steps of each batch are off-policy. Held-out
+accuracy (greedy decoding on problems never seen in training) is measured every ``eval_every`` optimizer steps.
+
+Runs are spread over ``--workers`` processes with one torch thread each (on a small CPU, several threads per tiny
+model oversubscribe the cores and run many times slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+
+from ._common import CACHE_DIR, RESULTS_DIR, fmt, loadavg, machine_info, markdown_table, mean_std, write_json
+
+# KL coefficient of the KL-regularised methods. The paper's 1e-4 does nothing measurable in a 100-step toy run; 0.04 is
+# the DeepSeekMath / former TRL GRPO default, used for GRPO and, unchanged, for every RPG variant.
+KL_BETA = 0.04
+REUSE = 4  # optimizer steps per generation batch (batch reuse: steps 2..4 of each batch are off-policy)
+
+METHODS: dict[str, dict] = {
+    "RPG-REINFORCE-UFKL": dict(trainer="rpg", rpg_divergence="ufkl", rpg_estimator="reinforce"),
+    "RPG-REINFORCE-URKL": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce"),
+    "RPG-UFKL": dict(trainer="rpg", rpg_divergence="ufkl", rpg_estimator="differentiable"),
+    "RPG-URKL": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="differentiable"),
+    "GRPO": dict(trainer="grpo", loss_type="grpo", beta=KL_BETA, epsilon=0.2, scale_rewards="group"),
+    "DAPO": dict(trainer="grpo", loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, scale_rewards="group"),
+}
+# RPG settings shared by all four RPG variants (the paper's defaults apart from beta): reference = sampling policy,
+# RPG-Style Clip (0.2, 0.28, c=10), advantage = reward - group mean, token-mean aggregation.
+RPG_COMMON = dict(beta=KL_BETA, epsilon=0.2, epsilon_high=0.28, rpg_dual_clip_c=10.0, rpg_reference="sampling",
+                  scale_rewards="none", loss_type="dapo")
+
+
+@dataclass
+class Settings:
+    seeds: tuple = tuple(range(10))
+    methods: tuple = tuple(METHODS)
+    generation_batches: int = 25  # budget: optimizer steps = generation_batches * REUSE
+    reuse: int = REUSE
+    # Fixed here (None would take trl_rpg.toy.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made the
+    # tiny model's held-out accuracy collapse in trial runs, for every method.
+    per_device_train_batch_size: int | None = 64  # completions per optimizer step
+    num_generations: int | None = 8  # completions per prompt (group size)
+    learning_rate: float | None = 3e-4
+    temperature: float | None = 1.0
+    max_completion_length: int | None = None  # None: trl_rpg.toy.MAX_COMPLETION_LENGTH
+    num_train_problems: int = 2000
+    eval_problems: int = 256
+    eval_every: int = 4  # optimizer steps between held-out evaluations (step 0 is always evaluated)
+    # None: half-way from the SFT accuracy (mean over seeds) to the best method's mean final accuracy
+    target_accuracy: float | None = None
+    sft_steps: int | None = None  # None: trl_rpg.toy defaults
+    workers: int = 2
+    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy.py that every worker imports
+    cache_dir: str = os.path.join(CACHE_DIR, "toy")
+    output_dir: str = os.path.join(CACHE_DIR, "runs")
+
+    @property
+    def max_steps(self) -> int:
+        return self.generation_batches * self.reuse
+
+
+FULL = Settings()
+QUICK = Settings(seeds=(0, 1), generation_batches=4, eval_problems=128)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Worker side
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _init_worker():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(1)
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except Exception:  # pragma: no cover
+        pass
+
+
+def _sft_kwargs(s: Settings) -> dict:
+    kw = dict(num_train_problems=s.num_train_problems)
+    if s.sft_steps is not None:
+        kw["sft_steps"] = s.sft_steps
+    return kw
+
+
+_TOY_MODULES: dict = {}
+
+
+def toy_fingerprint(path: str | None = None) -> str:
+    """Short hash of the toy task code: a cached checkpoint is reused only with the code it was built for."""
+    import hashlib
+
+    if path is None:
+        from trl_rpg import toy
+
+        path = toy.__file__
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:10]
+
+
+def freeze_toy(s: Settings) -> None:
+    """Copy ``trl_rpg/toy.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
+    task, data and reward code even if the package file changes while the benchmark runs."""
+    if s.toy_path is not None:
+        return
+    import shutil
+
+    from trl_rpg import toy
+
+    fp = toy_fingerprint(toy.__file__)
+    dest = os.path.join(s.cache_dir, fp, "toy_frozen.py")
+    if not os.path.exists(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(toy.__file__, dest + ".tmp")
+        os.replace(dest + ".tmp", dest)
+    s.toy_path = dest
+
+
+def _toy(s: Settings):
+    """The frozen toy module of this benchmark (``trl_rpg.toy`` itself when none was frozen)."""
+    if s.toy_path is None:
+        from trl_rpg import toy
+
+        return toy
+    if s.toy_path not in _TOY_MODULES:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"_trl_rpg_toy_{toy_fingerprint(s.toy_path)}", s.toy_path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _TOY_MODULES[s.toy_path] = module
+    return _TOY_MODULES[s.toy_path]
+
+
+def checkpoint_dir(s: Settings, seed: int) -> str:
+    tag = f"seed{seed}" + (f"-sft{s.sft_steps}" if s.sft_steps is not None else "")
+    return os.path.join(s.cache_dir, toy_fingerprint(s.toy_path), tag)
+
+
+def build_checkpoint(s: Settings, seed: int) -> dict:
+    """Build (or load from the cache) the SFT'd toy model for ``seed``; return its held-out accuracy."""
+    _init_worker()
+    toy = _toy(s)
+
+    t0 = time.perf_counter()
+    path = checkpoint_dir(s, seed)
+    model, tokenizer = toy.build_toy_model(path, seed=seed, **_sft_kwargs(s))
+    build_s = time.perf_counter() - t0
+    acc = toy.evaluate_accuracy(model, tokenizer, _eval_dataset(s))
+    return dict(seed=seed, path=path, sft_accuracy=acc, build_s=round(build_s, 1))
+
+
+def _eval_dataset(s: Settings):
+    toy = _toy(s)
+    return toy.make_dataset(s.eval_problems, seed=toy.EVAL_SEED, split="test")
+
+
+def effective_rl_args(s: Settings) -> dict:
+    """The batch / optimizer settings every method shares (``RECOMMENDED_RL_ARGS`` plus the overrides)."""
+    toy = _toy(s)
+
+    args = {k: v for k, v in toy.RECOMMENDED_RL_ARGS.items() if k in (
+        "per_device_train_batch_size", "num_generations", "learning_rate", "temperature", "max_completion_length")}
+    args.setdefault("max_completion_length", toy.MAX_COMPLETION_LENGTH)
+    for name in list(args) + ["temperature"]:
+        if getattr(s, name, None) is not None:
+            args[name] = getattr(s, name)
+    args.update(steps_per_generation=s.reuse, gradient_accumulation_steps=1, max_steps=s.max_steps,
+                generation_batch_size=args["per_device_train_batch_size"] * s.reuse)
+    return args
+
+
+def _config(s: Settings, method: str, seed: int, out: str):
+    from trl import GRPOConfig
+
+    from trl_rpg import RPGConfig
+
+    toy = _toy(s)
+    spec = dict(METHODS[method])
+    trainer = spec.pop("trainer")
+    args = dict(toy.RECOMMENDED_RL_ARGS)
+    for name in ("per_device_train_batch_size", "num_generations", "learning_rate", "temperature",
+                 "max_completion_length"):
+        if getattr(s, name) is not None:
+            args[name] = getattr(s, name)
+    args.update(
+        output_dir=out, seed=seed, data_seed=seed, max_steps=s.max_steps,
+        gradient_accumulation_steps=1, steps_per_generation=s.reuse,
+        use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        dataloader_num_workers=0, log_level="error",
+    )
+    args.pop("generation_batch_size", None)
+    if trainer == "rpg":
+        args.update(RPG_COMMON)
+        args.update(spec)
+        return trainer, RPGConfig(**args)
+    args.update(spec)
+    return trainer, GRPOConfig(**args)
+
+
+def train_one(s: Settings, method: str, seed: int) -> dict:
+    """Train ``method`` from the seed's SFT checkpoint; return accuracy and reward curves."""
+    _init_worker()
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    from trl import GRPOTrainer
+
+    from trl_rpg import RPGTrainer
+
+    toy = _toy(s)
+    t0 = time.perf_counter()
+    path = checkpoint_dir(s, seed)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eval_ds = _eval_dataset(s)
+    train_ds = toy.make_dataset(s.num_train_problems, seed=seed, split="train")
+    out = os.path.join(s.output_dir, f"{method}-seed{seed}")
+    kind, config = _config(s, method, seed, out)
+
+    rewards: list[float] = []  # mean reward of each generation batch, in order
+
+    def reward(completions, answer, **kw):
+        r = toy.toy_reward(completions, answer)
+        rewards.append(sum(r) / max(1, len(r)))
+        return r
+
+    reward.__name__ = "toy_reward"
+    curve: list[tuple[int, float]] = []
+    log_rows: list[dict] = []
+
+    class Eval(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            curve.append((0, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            step = state.global_step
+            if step % s.eval_every == 0 or step == s.max_steps:
+                curve.append((step, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                keep = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and (
+                    k.startswith("rpg/") or k in ("loss", "kl", "entropy", "grad_norm", "clip_ratio/region_mean",
+                                                  "clip_ratio/high_mean", "clip_ratio/low_mean"))}
+                keep["step"] = state.global_step
+                log_rows.append(keep)
+
+    cls = RPGTrainer if kind == "rpg" else GRPOTrainer
+    trainer = cls(model=path, reward_funcs=reward, args=config, train_dataset=train_ds, processing_class=tokenizer,
+                  callbacks=[Eval()])
+    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
+    t1 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t1
+    return dict(method=method, seed=seed, accuracy=[(st, round(a, 5)) for st, a in curve],
+                rewards=[round(x, 5) for x in rewards], train_s=round(train_s, 1),
+                total_s=round(time.perf_counter() - t0, 1), log_means=_thin_logs(log_rows))
+
+
+_LOG_KEYS = ("loss", "kl", "entropy", "rpg/w_mean", "rpg/w_max", "rpg/clip_frac_high", "rpg/clip_frac_low",
+             "rpg/clip_frac_dual", "clip_ratio/region_mean")
+
+
+def _thin_logs(logs: list[dict]) -> dict:
+    """Keep the results file small: the run's mean of a few logged metrics (kl, entropy, w, clip fractions)."""
+    out = {}
+    for k in _LOG_KEYS:
+        vals = [row[k] for row in logs if isinstance(row.get(k), (int, float)) and math.isfinite(row[k])]
+        if vals:
+            out[k] = round(statistics.fmean(vals), 5)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Driver side
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def run(s: Settings, log=print) -> dict:
+    """Build the checkpoints, run every (method, seed), return the raw results and the summary."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    info = machine_info()
+    freeze_toy(s)
+    t0 = time.perf_counter()
+    loads = [loadavg()]
+    if s.workers <= 1:
+        _init_worker()
+        sft = [build_checkpoint(s, seed) for seed in s.seeds]
+        log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s)")
+        runs = []
+        for seed in s.seeds:
+            for m in s.methods:
+                runs.append(train_one(s, m, seed))
+                log(f"  {m} seed {seed}: acc {runs[-1]['accuracy'][-1][1]:.3f} ({runs[-1]['train_s']}s)")
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=s.workers, mp_context=mp.get_context("spawn"),
+                                 initializer=_init_worker) as pool:
+            sft = list(pool.map(build_checkpoint, [s] * len(s.seeds), s.seeds))
+            log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s): "
+                + ", ".join(f"seed {r['seed']} acc {r['sft_accuracy']:.3f}" for r in sft))
+            loads.append(loadavg())
+            jobs = [(m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
+            futures = [pool.submit(train_one, s, m, seed) for m, seed in jobs]
+            runs = []
+            for f in futures:
+                r = f.result()
+                runs.append(r)
+                loads.append(loadavg())
+                log(f"  {r['method']} seed {r['seed']}: held-out acc {r['accuracy'][0][1]:.3f} -> "
+                    f"{r['accuracy'][-1][1]:.3f} ({r['train_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
+    wall = time.perf_counter() - t0
+    summary = summarize(s, sft, runs)
+    return dict(settings=_settings_dict(s), machine=info, wall_s=round(wall, 1), loadavg_samples=loads,
+                sft=sft, summary=summary, runs=runs)
+
+
+def _settings_dict(s: Settings) -> dict:
+    d = asdict(s)
+    d.pop("cache_dir"), d.pop("output_dir")
+    d["max_steps"] = s.max_steps
+    d["kl_beta"] = KL_BETA
+    d["rl_args"] = effective_rl_args(s)
+    d["toy_fingerprint"] = toy_fingerprint(s.toy_path)
+    d.pop("toy_path")
+    d["methods_config"] = {m: METHODS[m] for m in s.methods}
+    d["rpg_common"] = RPG_COMMON
+    return d
+
+
+def summarize(s: Settings, sft: list[dict], runs: list[dict]) -> dict:
+    sft_acc = statistics.fmean(r["sft_accuracy"] for r in sft)
+    if s.target_accuracy is not None:
+        target = s.target_accuracy
+    else:  # half-way from the SFT start to the best method's mean final accuracy ("half of the best gain")
+        finals = [statistics.fmean(r["accuracy"][-1][1] for r in runs if r["method"] == m) for m in s.methods
+                  if any(r["method"] == m for r in runs)]
+        best_final = max(finals) if finals else sft_acc
+        target = round(sft_acc + 0.5 * max(best_final - sft_acc, 0.02), 3)
+    out = {"target_accuracy": target, "sft_accuracy": sft_acc, "methods": {}}
+    for m in s.methods:
+        rs = [r for r in runs if r["method"] == m]
+        if not rs:
+            continue
+        last = [r["accuracy"][-1][1] for r in rs]
+        best = [max(a for _, a in r["accuracy"]) for r in rs]
+        reach = []
+        for r in rs:
+            hit = next((step for step, a in r["accuracy"] if a >= target), None)
+            reach.append(hit)
+        hits = [h for h in reach if h is not None]
+        # stability: across-seed std of the per-generation-batch mean reward, averaged over batches
+        n = min(len(r["rewards"]) for r in rs)
+        if len(rs) > 1 and n > 0:
+            spread = statistics.fmean(statistics.stdev(r["rewards"][i] for r in rs) for i in range(n))
+        else:
+            spread = float("nan")
+        # within-run roughness: mean |change| of the batch reward between consecutive batches
+        rough = statistics.fmean(
+            statistics.fmean(abs(b - a) for a, b in zip(r["rewards"][:-1], r["rewards"][1:]))
+            for r in rs if len(r["rewards"]) > 1) if n > 1 else float("nan")
+        last_mean, last_sd = mean_std(last)
+        best_mean, best_sd = mean_std(best)
+        gain_mean, gain_sd = mean_std([r["accuracy"][-1][1] - r["accuracy"][0][1] for r in rs])
+        out["methods"][m] = dict(
+            gain_mean=gain_mean, gain_std=gain_sd,
+            n_seeds=len(rs), last_mean=last_mean, last_std=last_sd, last_min=min(last), last_max=max(last),
+            best_mean=best_mean, best_std=best_sd, steps_to_target=reach,
+            steps_to_target_mean=(statistics.fmean(hits) if hits else None), reached=f"{len(hits)}/{len(rs)}",
+            # median over all seeds, a seed that never reaches the target counting as +infinity
+            steps_to_target_median=statistics.median([h if h is not None else math.inf for h in reach]),
+            reward_first=statistics.fmean(r["rewards"][0] for r in rs) if n else None,
+            reward_last=statistics.fmean(r["rewards"][n - 1] for r in rs) if n else None,
+            reward_seed_spread=spread, reward_roughness=rough,
+            train_s_mean=statistics.fmean(r["train_s"] for r in rs),
+        )
+    # Paired differences: same seed = same SFT start, same prompts; the seed-to-seed variation of the start cancels.
+    out["paired"] = {}
+    for base in ("GRPO", "DAPO"):
+        if base not in s.methods:
+            continue
+        by_seed = {r["seed"]: r for r in runs if r["method"] == base}
+        for m in s.methods:
+            if m == base:
+                continue
+            pairs = [(r, by_seed[r["seed"]]) for r in runs if r["method"] == m and r["seed"] in by_seed]
+            if not pairs:
+                continue
+            d_last = [a["accuracy"][-1][1] - b["accuracy"][-1][1] for a, b in pairs]
+            d_best = [max(x for _, x in a["accuracy"]) - max(x for _, x in b["accuracy"]) for a, b in pairs]
+            out["paired"][f"{m} - {base}"] = dict(
+                n=len(pairs), last=_ci(d_last), best=_ci(d_best),
+                wins=sum(d > 0 for d in d_last), ties=sum(d == 0 for d in d_last), losses=sum(d < 0 for d in d_last),
+            )
+    return out
+
+
+# two-sided 95% Student-t quantiles by degrees of freedom
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
+        12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06, 29: 2.05}
+
+
+def _ci(xs: list[float]) -> dict:
+    """Mean and 95% t-interval half-width of paired differences."""
+    mean, sd = mean_std(xs)
+    n = len(xs)
+    if n < 2:
+        return dict(mean=mean, half_width=float("nan"))
+    t = _T95.get(n - 1) or _T95[max(k for k in _T95 if k <= n - 1)]
+    return dict(mean=mean, half_width=t * sd / math.sqrt(n))
+
+
+def markdown(result: dict) -> str:
+    summ = result["summary"]
+    s = result["settings"]
+    header = ["method", f"held-out acc, last (mean ± sd, n={len(s['seeds'])})", "last min–max",
+              "gain over SFT start (mean ± sd)", "best (mean ± sd)",
+              f"steps to {summ['target_accuracy']:.2f} (median; seeds reaching)",
+              "train reward first → last batch", "reward seed-spread ↓", "reward roughness ↓", "s/run"]
+    rows = []
+    for m, r in summ["methods"].items():
+        rows.append([
+            m, f"{fmt(r['last_mean'])} ± {fmt(r['last_std'])}", f"{fmt(r['last_min'])}–{fmt(r['last_max'])}",
+            f"{fmt(r['gain_mean'], 3)} ± {fmt(r['gain_std'])}", f"{fmt(r['best_mean'])} ± {fmt(r['best_std'])}",
+            f"{_steps(r['steps_to_target_median'], s['max_steps'])} ({r['reached']})",
+            f"{fmt(r['reward_first'])} → {fmt(r['reward_last'])}", fmt(r["reward_seed_spread"]),
+            fmt(r["reward_roughness"]), fmt(r["train_s_mean"], 0),
+        ])
+    prow = []
+    for name, r in summ.get("paired", {}).items():
+        prow.append([name, f"{r['last']['mean']:+.3f} ± {fmt(r['last']['half_width'])}",
+                     f"{r['best']['mean']:+.3f} ± {fmt(r['best']['half_width'])}",
+                     f"{r['wins']} / {r['ties']} / {r['losses']}"])
+    paired = ""
+    if prow:
+        paired = ("\n\nPaired by seed (same start, same prompts), difference in held-out accuracy, mean ± 95% "
+                  "t-interval half-width; an interval that contains 0 means no detectable difference:\n\n"
+                  + markdown_table(["comparison", "last", "best", "seeds better / equal / worse"], prow))
+    return (f"SFT start: held-out accuracy {summ['sft_accuracy']:.3f} (mean over seeds); "
+            f"{s['max_steps']} optimizer steps = {s['generation_batches']} generation batches x {s['reuse']} "
+            f"steps each.\n\n" + markdown_table(header, rows) + paired)
+
+
+def _steps(x, max_steps) -> str:
+    if x is None or x == math.inf:
+        return f"> {max_steps}"
+    return f"{x:g}"
+
+
+def plot(result: dict, path: str) -> str | None:
+    """Three panels: held-out accuracy (mean, band = ± standard error over seeds), the paired difference to a
+    baseline method (same seed, same start), and the training reward of each generation batch."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    runs = result["runs"]
+    methods = list(result["summary"]["methods"])
+    base = "DAPO" if "DAPO" in methods else methods[-1]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+
+    def band(ax, xs, cols, color=None, label=None):
+        mean = [statistics.fmean(c) for c in cols]
+        (line,) = ax.plot(xs, mean, label=label, linewidth=1.8, color=color)
+        if len(cols[0]) > 1:
+            sem = [statistics.stdev(c) / math.sqrt(len(c)) for c in cols]
+            ax.fill_between(xs, [m - e for m, e in zip(mean, sem)], [m + e for m, e in zip(mean, sem)],
+                            color=line.get_color(), alpha=0.15)
+        return line
+
+    base_runs = {r["seed"]: r for r in runs if r["method"] == base}
+    for m in methods:
+        rs = sorted((r for r in runs if r["method"] == m), key=lambda r: r["seed"])
+        n = min(len(r["accuracy"]) for r in rs)
+        steps = [st for st, _ in rs[0]["accuracy"][:n]]
+        line = band(axes[0], steps, [[r["accuracy"][i][1] for r in rs] for i in range(n)], label=m)
+        if m != base and base_runs:
+            paired = [r for r in rs if r["seed"] in base_runs]
+            band(axes[1], steps, [[r["accuracy"][i][1] - base_runs[r["seed"]]["accuracy"][i][1] for r in paired]
+                                  for i in range(n)], color=line.get_color(), label=m)
+        nb = min(len(r["rewards"]) for r in rs)
+        rsteps = [i * result["settings"]["reuse"] for i in range(nb)]
+        band(axes[2], rsteps, [[r["rewards"][i] for r in rs] for i in range(nb)], color=line.get_color(), label=m)
+    n_seeds = len(result["settings"]["seeds"])
+    axes[0].axhline(result["summary"]["target_accuracy"], color="grey", linestyle=":", linewidth=1)
+    axes[0].set(xlabel="optimizer step", ylabel="held-out accuracy (greedy)",
+                title=f"Held-out accuracy (mean, band ± s.e.m., {n_seeds} seeds)")
+    axes[1].axhline(0.0, color=axes[0].get_lines()[methods.index(base)].get_color(), linewidth=1.5)
+    axes[1].set(xlabel="optimizer step", ylabel=f"accuracy − {base} (same seed)",
+                title=f"Paired difference to {base} (mean, band ± s.e.m.)")
+    axes[2].set(xlabel="optimizer step at generation", ylabel="mean reward of the generation batch",
+                title="Training reward (sampled, T=1; mean, band ± s.e.m.)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 seeds, 4 generation batches (< 5 min)")
+    p.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")
+    p.add_argument("--generation-batches", type=int, help="override the budget (generation batches)")
+    p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/learning[_quick].json)")
+    p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plot of a results file")
+    a = p.parse_args(argv)
+    if a.summarize:
+        import json
+
+        with open(a.summarize) as f:
+            result = json.load(f)
+        known = {f.name for f in dataclasses.fields(Settings)}
+        s = Settings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in result["settings"].items()
+                        if k in known and k not in ("cache_dir", "output_dir", "toy_path")})
+        for r in result["runs"]:  # older files kept every logged step
+            if "logs" in r:
+                r["log_means"] = _thin_logs(r.pop("logs"))
+        result["summary"] = summarize(s, result["sft"], result["runs"])
+        png = plot(result, os.path.splitext(a.summarize)[0] + ".png")
+        write_json(a.summarize, result)
+        print(markdown(result))
+        print(f"\nJSON: {a.summarize}\nplot: {png}")
+        return result
+    s = dataclasses.replace(QUICK if a.quick else FULL)
+    if a.seeds:
+        s.seeds = tuple(a.seeds)
+    if a.methods:
+        s.methods = tuple(a.methods)
+    if a.generation_batches:
+        s.generation_batches = a.generation_batches
+    if a.workers:
+        s.workers = a.workers
+    name = "learning_quick" if a.quick else "learning"
+    json_path = a.output or os.path.join(RESULTS_DIR, f"{name}.json")
+    result = run(s)
+    png = plot(result, os.path.splitext(json_path)[0] + ".png")
+    result["plot"] = os.path.relpath(png, os.path.dirname(json_path)) if png else None
+    result["loadavg_end"] = loadavg()
+    write_json(json_path, result)
+    m = result["machine"]
+    print()
+    print(f"## Learning benchmark ({m['date_utc']}, commit {m.get('git_commit')}"
+          f"{' + local changes' if m.get('git_dirty') else ''})")
+    print(f"command: `{m['command']}`; {m.get('nproc')} cores ({m.get('cpu', '?')}), wall {result['wall_s']:.0f}s, "
+          f"load average at start {m.get('loadavg_start')}, at end {result['loadavg_end']}")
+    print()
+    print(markdown(result))
+    print(f"\nJSON: {json_path}\nplot: {png}")
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

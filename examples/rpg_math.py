@@ -1,0 +1,296 @@
+#!/usr/bin/env python
+"""RPG on DAPO-Math: the recipe of the RPG paper (Zhang et al., ICLR 2026, arXiv:2505.17508) in TRL terms.
+
+* Data: DAPO-Math-17k (default `--dataset_name BytedTsinghua-SIA/DAPO-Math-17k`), or any local `.parquet` /
+  `.json` / `.jsonl` file (or folder) in the same format: a `prompt` chat list and a `reward_model.ground_truth`
+  (verl/DAPO format, like the bundled AIME/AMC files), or plain `problem` (or `question`) and `answer` columns, which
+  are wrapped in the paper's prompt ("... The last line of your response should be of the form Answer: $Answer ...").
+  Duplicated problems (the Hub copy repeats each one many times) are dropped unless `--dedupe False`.
+* Reward: `trl_rpg.rewards.math_reward` (math-verify equivalence where it parses, the normalised `Answer:` string
+  otherwise) plus DAPO's soft overlong punishment (TRL's `get_soft_overlong_punishment`; `--soft_punish_cache 0`
+  turns it off).
+* Objective: `RPGTrainer` with RPG's defaults (RPG-REINFORCE, unnormalised reverse KL, beta 1e-4, RPG-Style Clip
+  (0.2, 0.28) with dual-clip c = 10, the sampling policy as reference) and dynamic sampling; the paper's optimiser
+  settings are this script's defaults (AdamW lr 1e-6, weight decay 0.1, clip 1.0, constant lr after warm-up,
+  16 completions at temperature 1.0). Batch sizes and reuse come from the command line: see `examples/recipes/`.
+* Evaluation: mean@k on AIME 2024, AIME 2025 and AMC 2023 (bundled; `--eval_num_samples 32` is the paper's
+  mean@32) after training, optionally before (`--eval_before`). Results go to `<output_dir>/eval_results.json`.
+* LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
+
+    accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml examples/rpg_math.py \\
+        --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh
+
+    python examples/rpg_math.py --model_name_or_path ./my-model --dataset_name ./train.parquet \\
+        --output_dir out --max_steps 2 --eval_num_samples 1 --eval_max_problems 2   # a quick local run
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
+
+from trl_rpg import RPGConfig, RPGTrainer
+from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks
+from trl_rpg.rewards import make_overlong_punishment, math_reward
+
+logger = logging.getLogger("rpg_math")
+
+#: The DAPO-Math prompt used by the paper (and by the bundled AIME/AMC evaluation files).
+PROMPT_TEMPLATE = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{problem}\n\n"
+    'Remember to put your answer on its own line after "Answer:".'
+)
+
+#: The paper's optimisation settings (Appendix H), used as this script's defaults; any flag overrides them.
+PAPER_DEFAULTS = dict(
+    learning_rate=1e-6,
+    weight_decay=0.1,
+    max_grad_norm=1.0,
+    lr_scheduler_type="constant_with_warmup",
+    num_generations=16,
+    temperature=1.0,
+    max_completion_length=4096,
+    dynamic_sampling=True,
+    logging_steps=1,
+    save_strategy="steps",
+    save_steps=160,
+    report_to="none",
+)
+
+
+@dataclass
+class MathScriptArguments(ScriptArguments):
+    """Data, reward and evaluation settings of `rpg_math.py` (plus TRL's `ScriptArguments`)."""
+
+    dataset_name: str | None = field(
+        default="BytedTsinghua-SIA/DAPO-Math-17k",
+        metadata={"help": "Hub data set or local .parquet/.json/.jsonl file or folder, in DAPO-Math format (`prompt` "
+                          "chat list + `reward_model.ground_truth`) or with `problem`/`question` + `answer` columns."},
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Keep only the first N training problems (after de-duplication)."})
+    dedupe: bool = field(
+        default=True, metadata={"help": "Drop repeated problems (DAPO-Math-17k on the Hub repeats each one)."})
+    soft_punish_cache: int = field(
+        default=1024,
+        metadata={"help": "DAPO soft overlong punishment: completions longer than max_completion_length - "
+                          "soft_punish_cache tokens are penalised linearly down to -1. 0 disables it."},
+    )
+    eval_benchmarks: list[str] = field(
+        default_factory=lambda: list(BENCHMARKS),
+        metadata={"help": f"Benchmarks evaluated as mean@k: any of {list(BENCHMARKS)}; 'none' skips evaluation."},
+    )
+    eval_before: bool = field(default=False, metadata={"help": "Also evaluate the initial model."})
+    eval_num_samples: int | None = field(
+        default=32, metadata={"help": "Samples per problem (k of mean@k; the bundled files hold 32 per problem)."})
+    eval_max_problems: int | None = field(
+        default=None, metadata={"help": "Evaluate only the first N problems of each benchmark (quick checks)."})
+    eval_max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Generation budget of the evaluation (default: max_completion_length)."})
+    eval_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the evaluation."})
+    eval_top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold of the evaluation."})
+    eval_batch_size: int = field(default=32, metadata={"help": "Rows per `generate` call in the evaluation."})
+
+
+def make_parser(prog: str | None = None) -> TrlParser:
+    parser = TrlParser((MathScriptArguments, RPGConfig, ModelConfig), prog=prog)
+    parser.set_defaults(**PAPER_DEFAULTS)
+    return parser
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def load_math_dataset(name: str, split: str = "train", config: str | None = None):
+    """A Hub data set, or a local file / folder (parquet, json, jsonl, csv), as one `datasets.Dataset`."""
+    from datasets import load_dataset
+
+    path = Path(name).expanduser()
+    if path.is_file():
+        builder = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}.get(path.suffix.lower())
+        if builder is None:
+            raise ValueError(f"Unsupported data file {name!r}: use .parquet, .json, .jsonl or .csv.")
+        return load_dataset(builder, data_files=str(path), split="train")
+    return load_dataset(name, name=config, split=split)
+
+
+def _problem_text(row) -> str:
+    extra = row.get("extra_info")
+    if isinstance(extra, dict) and extra.get("raw_problem"):
+        return str(extra["raw_problem"])
+    prompt = row.get("prompt")
+    if isinstance(prompt, list):
+        return "\n".join(str(m.get("content", "")) for m in prompt)
+    return str(prompt if prompt is not None else row.get("problem", row.get("question", "")))
+
+
+def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None = None):
+    """Bring a math data set into the format `RPGTrainer` + `math_reward` read: a conversational `prompt` in the
+    paper's format and a string `ground_truth` column."""
+    columns = set(dataset.column_names)
+    problem_column = next((c for c in ("problem", "question") if c in columns), None)
+    if "prompt" not in columns and problem_column is None:
+        raise ValueError(f"The data set needs a `prompt` (chat list) or a `problem`/`question` column; it has "
+                         f"{sorted(columns)}.")
+    answer_column = next((c for c in ("ground_truth", "answer") if c in columns), None)
+    if answer_column is None and "reward_model" not in columns:
+        raise ValueError(f"The data set needs the reference answers: a `reward_model.ground_truth`, `ground_truth` or "
+                         f"`answer` column; it has {sorted(columns)}.")
+
+    def convert(row):
+        prompt = row.get("prompt")
+        if not isinstance(prompt, list):
+            text = str(prompt) if prompt is not None else str(row[problem_column])
+            if "Answer:" not in text:  # a bare problem: wrap it in the paper's prompt
+                text = PROMPT_TEMPLATE.format(problem=text)
+            prompt = [{"role": "user", "content": text}]
+        else:
+            prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        gold = row.get(answer_column) if answer_column else None
+        if gold is None or not str(gold).strip():
+            reward_model = row.get("reward_model") or {}
+            gold = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+        return {"prompt": prompt, "ground_truth": "" if gold is None else str(gold).strip()}
+
+    if dedupe:
+        seen: set[str] = set()
+
+        def first_time(row):
+            key = _problem_text(row)
+            if key in seen:
+                return False
+            seen.add(key)
+            return True
+
+        dataset = dataset.filter(first_time)
+    if max_samples is not None:
+        dataset = dataset.select(range(min(max_samples, len(dataset))))
+    keep = [c for c in dataset.column_names if c not in ("prompt", "ground_truth")]
+    dataset = dataset.map(convert, remove_columns=keep)
+    missing = sum(1 for g in dataset["ground_truth"] if not g)
+    if missing:
+        logger.warning("%d training problems have no reference answer; math_reward skips them.", missing)
+    return dataset
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def evaluate(model, tokenizer, script_args, training_args, tag: str) -> dict:
+    """mean@k on the chosen bundled benchmarks with `trl_rpg.evaluation.evaluate_benchmarks`."""
+    names = [n for n in script_args.eval_benchmarks if n.lower() != "none"]
+    if not names:
+        return {}
+    results = evaluate_benchmarks(
+        model, tokenizer, names,
+        max_new_tokens=script_args.eval_max_new_tokens or training_args.max_completion_length,
+        temperature=script_args.eval_temperature, top_p=script_args.eval_top_p,
+        batch_size=script_args.eval_batch_size, num_samples=script_args.eval_num_samples,
+        max_problems=script_args.eval_max_problems, seed=training_args.seed, return_completions=False,
+        chat_template_kwargs=training_args.chat_template_kwargs if isinstance(training_args.chat_template_kwargs,
+                                                                              dict) else None,
+    )
+    summary = {name: {k: r[k] for k in ("mean_at_k", "k", "num_problems", "pass_at_k", "mean_completion_length",
+                                        "truncated_fraction")} for name, r in results.items()}
+    for name, r in summary.items():
+        print(f"[{tag}] {name}: mean@{r['k']} = {r['mean_at_k']:.4f} over {r['num_problems']} problems "
+              f"(pass@{r['k']} {r['pass_at_k']:.3f}, mean length {r['mean_completion_length']:.0f} tokens)")
+    return summary
+
+
+def _load_for_eval(path: str, model_args, use_peft: bool):
+    """A fresh copy of a saved (or Hub) model for evaluation on the main process."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
+    if use_peft and os.path.exists(os.path.join(path, "adapter_config.json")):
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return model.to(device), AutoTokenizer.from_pretrained(path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args: ModelConfig) -> dict:
+    from accelerate import PartialState
+
+    state = PartialState()
+    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    with state.main_process_first():
+        raw = load_math_dataset(script_args.dataset_name, script_args.dataset_train_split,
+                                script_args.dataset_config)
+        train_dataset = prepare_math_dataset(raw, dedupe=script_args.dedupe,
+                                             max_samples=script_args.max_train_samples)
+
+    rewards = [math_reward]
+    if script_args.soft_punish_cache > 0:
+        rewards.append(make_overlong_punishment(training_args.max_completion_length,
+                                                min(script_args.soft_punish_cache,
+                                                    training_args.max_completion_length)))
+    peft_config = get_peft_config(model_args)
+    results: dict = {"settings": {"model": model_args.model_name_or_path, "dataset": script_args.dataset_name,
+                                  "rpg_divergence": training_args.rpg_divergence,
+                                  "rpg_estimator": training_args.rpg_estimator,
+                                  "rpg_reference": training_args.rpg_reference, "beta": training_args.beta,
+                                  "train_problems": len(train_dataset)}}
+
+    if script_args.eval_before and state.is_main_process:
+        model, tokenizer = _load_for_eval(model_args.model_name_or_path, model_args, use_peft=False)
+        results["before"] = evaluate(model, tokenizer, script_args, training_args, "before")
+        del model
+    state.wait_for_everyone()
+
+    trainer = RPGTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=rewards,
+        args=training_args,
+        train_dataset=train_dataset,
+        peft_config=peft_config,
+        quantization_config=get_quantization_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
+    state.wait_for_everyone()
+
+    if state.is_main_process and any(n.lower() != "none" for n in script_args.eval_benchmarks):
+        if state.num_processes == 1 and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            tokenizer = trainer.processing_class
+        else:  # sharded training: evaluate the saved, gathered model on this process alone
+            model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None)
+        results["after"] = evaluate(model, tokenizer, script_args, training_args, "after")
+    if state.is_main_process:
+        with open(os.path.join(training_args.output_dir, "eval_results.json"), "w") as f:
+            json.dump(results, f, indent=2)
+    state.wait_for_everyone()
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    return results
+
+
+if __name__ == "__main__":
+    script_args, training_args, model_args = make_parser().parse_args_and_config()
+    main(script_args, training_args, model_args)

@@ -1,0 +1,96 @@
+"""The model card cites the RPG paper and names the divergence, estimator and reference schedule; `push_to_hub`
+uploads it with the model, tested offline (huggingface_hub's `create_repo` / `upload_folder` are replaced)."""
+
+import os
+from types import SimpleNamespace
+
+import huggingface_hub
+import pytest
+from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
+from huggingface_hub import ModelCard
+
+from trl_rpg import RPGConfig, RPGTrainer
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return save_tiny_model(str(tmp_path_factory.mktemp("card") / "model"))
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    """Record what `Trainer.push_to_hub` would create and upload; fail on any other Hub call it makes."""
+    calls = {"create_repo": [], "upload_folder": []}
+
+    def create_repo(self, repo_id, **kwargs):
+        calls["create_repo"].append({"repo_id": repo_id, **kwargs})
+        return SimpleNamespace(repo_id=repo_id, url=f"https://huggingface.co/{repo_id}")
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        files = {}
+        for root, _, names in os.walk(folder_path):
+            for name in names:
+                path = os.path.join(root, name)
+                files[os.path.relpath(path, folder_path)] = path
+        card = None
+        if "README.md" in files:
+            with open(files["README.md"], encoding="utf-8") as f:
+                card = f.read()
+        calls["upload_folder"].append({"repo_id": repo_id, "folder_path": folder_path, "files": sorted(files),
+                                       "card": card, **kwargs})
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0", oid="0")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    return calls
+
+
+def _train(model_path, output_dir, **overrides):
+    args = RPGConfig(**cpu_args(output_dir, max_steps=1, steps_per_generation=2, **overrides))
+    trainer = RPGTrainer(model=model_path, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset())
+    trainer.train()
+    return trainer
+
+
+def _assert_rpg_card(text: str, divergence: str, estimator: str, reference: str, beta: float):
+    assert "2505.17508" in text
+    assert "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning" in text
+    assert "@inproceedings{zhang2026rpg" in text  # the BibTeX entry
+    assert f"| divergence | `{divergence}` |" in text
+    assert f"| estimator | `{estimator}` |" in text
+    assert f"| reference policy | `{reference}` |" in text
+    assert f"| beta | `{beta}` |" in text
+
+
+def test_model_card_cites_rpg_and_names_the_settings(model_path, tmp_path):
+    out = tmp_path / "out"
+    trainer = _train(model_path, out, rpg_divergence="ufkl", rpg_estimator="differentiable",
+                     rpg_reference="periodic", rpg_reference_update_steps=1, beta=0.01)
+    trainer.create_model_card(model_name="rpg-tiny", dataset_name="tiny-arithmetic")
+    path = out / "README.md"
+    assert path.exists()
+    text = path.read_text(encoding="utf-8")
+    _assert_rpg_card(text, "ufkl", "differentiable", "periodic", 0.01)
+    card = ModelCard.load(str(path))
+    assert {"rpg", "trl"} <= set(card.data.tags)
+    assert card.data.model_name == "rpg-tiny" and card.data.datasets == "tiny-arithmetic"
+    # the card is written once, not duplicated by a second call
+    trainer.create_model_card(model_name="rpg-tiny")
+    assert path.read_text(encoding="utf-8").count("## RPG settings") == 1
+
+
+def test_push_to_hub_uploads_model_and_rpg_card_offline(model_path, tmp_path, fake_hub):
+    out = tmp_path / "push"
+    trainer = _train(model_path, out, push_to_hub=True, hub_model_id="someone/rpg-tiny", hub_strategy="end")
+    assert fake_hub["create_repo"] and fake_hub["create_repo"][0]["repo_id"] == "someone/rpg-tiny"
+
+    trainer.push_to_hub(commit_message="RPG run", dataset_name="tiny-arithmetic")
+    assert len(fake_hub["upload_folder"]) == 1
+    upload = fake_hub["upload_folder"][0]
+    assert upload["repo_id"] == "someone/rpg-tiny" and upload["folder_path"] == str(out)
+    assert upload["commit_message"] == "RPG run"
+    assert any(p.startswith("checkpoint-") for p in upload["ignore_patterns"])
+    assert {"README.md", "config.json", "model.safetensors", "tokenizer_config.json"} <= set(upload["files"])
+    _assert_rpg_card(upload["card"], "urkl", "reinforce", "sampling", 1e-4)  # RPGConfig's defaults
+    assert "rpg" in upload["card"].split("---")[1]  # the tags in the YAML header
