@@ -17,7 +17,7 @@ from trl_rpg.evaluation import (
 from trl_rpg.rewards import normalize_answer
 
 EXPECTED_PROBLEMS = {"aime24": 30, "aime25": 30, "amc23": 40}
-SHARED_DATA = Path("/work/shared/data")
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared beside the repository
 
 
 # ---------------------------------------------------------------------------------------------------------------------
