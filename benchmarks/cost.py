@@ -57,6 +57,7 @@ class Settings:
     warmup_cycles: int = 1
     measured_cycles: int = 2
     threads: int = 1  # torch threads per run on CPU (1: robust on a shared machine)
+    gradient_checkpointing: bool = True  # TRL's GRPOConfig default, the same for all three trainers
     methods: tuple = METHODS
     beta: float = BETA
     cache_dir: str = os.path.join(CACHE_DIR, "cost")
@@ -148,7 +149,7 @@ def run_one(s: Settings, method: str, length: int, out_dir: str) -> dict:
     if s.device == "cpu":
         torch.set_num_threads(s.threads)
     import transformers
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_rpg import RPGConfig, RPGTrainer, toy
@@ -171,7 +172,7 @@ def run_one(s: Settings, method: str, length: int, out_dir: str) -> dict:
         max_completion_length=length, generation_kwargs={"min_new_tokens": length}, temperature=1.0,
         learning_rate=1e-5, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="none",
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-        log_level="error", use_cpu=not cuda, bf16=cuda,
+        log_level="error", use_cpu=not cuda, bf16=cuda, gradient_checkpointing=s.gradient_checkpointing,
         model_init_kwargs={"dtype": "bfloat16" if cuda else "float32"},
     )
     if method == "RPG":
@@ -207,6 +208,21 @@ def run_one(s: Settings, method: str, length: int, out_dir: str) -> dict:
     trainer = cls(model=path, reward_funcs=pseudo_reward, args=config, train_dataset=dataset,
                   processing_class=tokenizer, callbacks=[Timer()])
     has_ref = trainer.ref_model is not None
+    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
+
+    # Count the sequences each log-prob forward pass covers, by kind: the policy without gradient (the sampler's
+    # log-probs of a reused batch), the reference model, and the policy with gradient (the training step).
+    passes = {"policy_no_grad": 0, "reference": 0, "policy_grad": 0}
+    logps_fn = trainer._get_per_token_logps_and_entropies
+    ref_model = trainer.ref_model
+
+    def counted(model, input_ids, *a, **k):
+        kind = ("reference" if ref_model is not None and model is ref_model
+                else "policy_grad" if torch.is_grad_enabled() else "policy_no_grad")
+        passes[kind] += int(input_ids.size(0))
+        return logps_fn(model, input_ids, *a, **k)
+
+    trainer._get_per_token_logps_and_entropies = counted
     trainer.train()
     def per_step(k):  # per-step time (k=0 wall, k=1 CPU) of each measured cycle
         steps = [b[k] - a[k] for a, b in zip(marks[:-1], marks[1:])]
@@ -221,6 +237,8 @@ def run_one(s: Settings, method: str, length: int, out_dir: str) -> dict:
         step_cpu_s=statistics.median(cpu), step_cpu_s_cycles=cpu,
         all_steps_s=[round(x, 3) for x in steps], mean_completion_length=(statistics.fmean(lengths) if lengths
                                                                           else None),
+        # forward passes over the generation batch, per generation cycle (1.0 = every completion once)
+        passes_per_batch={k: v / (cycles * s.per_device_train_batch_size * s.reuse) for k, v in passes.items()},
         reference_model=has_ref, peak_rss_mib=peak_rss_kib / 1024, rss_start_mib=rss_start / 1024,
     )
     if cuda:
@@ -316,6 +334,7 @@ def summarize(s: Settings, runs: list[dict]) -> dict:
                 mem_above_start_mib=(statistics.median(r[mem_key] - r["rss_start_mib"] for r in rs)
                                      if mem_key == "peak_rss_mib" else None),
                 reference_model=rs[0]["reference_model"],
+                passes_per_batch=rs[0].get("passes_per_batch"),
                 completion_length=statistics.fmean(r["mean_completion_length"] or 0 for r in rs),
             )
         for other in ("GRPO(beta>0)", "GRPO(beta=0)"):
@@ -336,7 +355,8 @@ def markdown(result: dict) -> str:
     summ = result["summary"]
     cuda = s["device"] == "cuda"
     mem_label = "peak allocated (MiB)" if cuda else "peak RSS (MiB)"
-    header = (["completion length", "trainer", "reference model", "median step, wall (s)"]
+    header = (["completion length", "trainer", "reference model", "forward passes per batch: no-grad policy + "
+               "reference (+ training)", "median step, wall (s)"]
               + ([] if cuda else ["median step, CPU (s)"]) + ["step time relative to RPG", mem_label]
               + ([] if cuda else ["RSS above start (MiB)"]))
     rows = []
@@ -347,7 +367,10 @@ def markdown(result: dict) -> str:
             r = row[m]
             key = "step_s_median" if cuda else "step_cpu_s_median"
             rel = r[key] / row["RPG"][key] if "RPG" in row else float("nan")
-            cells = [length, m, "yes" if r["reference_model"] else "no", f"{r['step_s_median']:.3f}"]
+            p = r.get("passes_per_batch") or {}
+            passes = (f"{p.get('policy_no_grad', 0):g} + {p.get('reference', 0):g} (+ {p.get('policy_grad', 0):g})"
+                      if p else "–")
+            cells = [length, m, "yes" if r["reference_model"] else "no", passes, f"{r['step_s_median']:.3f}"]
             if not cuda:
                 cells.append(f"{r['step_cpu_s_median']:.3f}")
             cells += [f"{rel:.2f}", f"{r['mem_mib_median']:.0f}"]
@@ -380,6 +403,7 @@ def markdown(result: dict) -> str:
             f"{s['device']}{threads}; "
             f"{s['per_device_train_batch_size']} completions per optimizer step, "
             f"{s['num_generations']} per prompt, each generation batch reused for {s['reuse']} steps; "
+            f"gradient checkpointing {'on' if s.get('gradient_checkpointing', True) else 'off'}; "
             f"beta = {s['beta']}; {s['repetitions']} interleaved repetitions, median of "
             f"{s['measured_cycles']} measured cycles each.\n\n")
     return head + table1 + "\n\nRatios (< 1: RPG is cheaper):\n\n" + markdown_table(header2, rows2)

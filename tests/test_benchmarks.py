@@ -57,8 +57,12 @@ def test_cost_smoke(tmp_path, keep_threads):
     assert sorted(r["method"] for r in result["runs"]) == sorted(cost.METHODS)
     refs = {r["method"]: r["reference_model"] for r in result["runs"]}
     assert refs == {"RPG": False, "GRPO(beta>0)": True, "GRPO(beta=0)": False}
+    passes = {r["method"]: r["passes_per_batch"] for r in result["runs"]}
+    # reference = sampling policy: RPG makes no reference forward pass; GRPO(beta>0) makes one per batch
+    assert passes["RPG"] == passes["GRPO(beta=0)"] == {"policy_no_grad": 1.0, "reference": 0.0, "policy_grad": 1.0}
+    assert passes["GRPO(beta>0)"] == {"policy_no_grad": 1.0, "reference": 1.0, "policy_grad": 1.0}
     for r in result["runs"]:
-        assert math.isfinite(r["step_s"]) and r["step_s"] > 0
+        assert math.isfinite(r["step_s"]) and r["step_s"] > 0 and math.isfinite(r["step_cpu_s"])
         assert r["peak_rss_mib"] > 0
         assert r["mean_completion_length"] == 8  # generation forced to the full length
     ratios = result["summary"]["by_length"]["8"]
