@@ -6,6 +6,15 @@ import torch
 from trl_rpg import toy
 
 
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """One intra-op thread: these tiny models gain nothing from more, and oversubscribed cores slow them a lot."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return toy.build_tokenizer()
@@ -14,7 +23,6 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def warm_model():
     """The full default warm-up (what the demo uses), built once for this module."""
-    torch.set_num_threads(min(2, torch.get_num_threads()))
     return toy.build_toy_model(seed=0)
 
 
@@ -129,7 +137,7 @@ def test_build_model_forward(tokenizer):
 
 
 def test_build_toy_model_deterministic_and_cached(tmp_path):
-    kw = dict(seed=3, sft_steps=5, model_kwargs=dict(hidden_size=32, num_layers=1, num_heads=2))
+    kw = {"seed": 3, "sft_steps": 5, "model_kwargs": {"hidden_size": 32, "num_layers": 1, "num_heads": 2}}
     m1, _ = toy.build_toy_model(**kw)
     m2, _ = toy.build_toy_model(**kw)
     p1, p2 = m1.state_dict(), m2.state_dict()
@@ -151,9 +159,39 @@ def test_full_warmup_is_partially_right(warm_model):
     model, tokenizer = warm_model
     test = toy.make_dataset(toy.EVAL_NUM_PROBLEMS, seed=toy.EVAL_SEED, split="test")
     acc = toy.evaluate_accuracy(model, tokenizer, test, max_new_tokens=toy.EVAL_MAX_NEW_TOKENS)
-    assert 0.05 < acc < 0.75, acc
+    assert 0.2 < acc < 0.65, acc  # measured 0.40 (seeds 0-2: 0.400, 0.406, 0.406)
     # Sampled completions (what RL sees) are right sometimes and wrong sometimes.
     torch.manual_seed(0)
     completions = toy.generate_completions(model, tokenizer, test.select(range(128)), greedy=False)
     rewards = toy.toy_reward(completions, test.select(range(128))["answer"])
     assert 0.0 < sum(rewards) < len(rewards)
+
+
+def test_grpo_trainer_smoke_with_recommended_args(tmp_path):
+    """The toy pieces plug into TRL's GRPOTrainer with the recommended config (2 tiny steps)."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    model, tokenizer = toy.build_toy_model(
+        output_dir=tmp_path / "model", seed=0, sft_steps=5, model_kwargs={"hidden_size": 32, "num_heads": 2}
+    )
+    args = {
+        **toy.RECOMMENDED_RL_ARGS,
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 2,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "beta": 1e-4,  # exercises the reference model, loaded from the saved warm-up
+        "disable_tqdm": True,
+    }
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=toy.toy_reward,
+        args=GRPOConfig(**args),
+        train_dataset=toy.make_dataset(32, seed=0),
+    )
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    assert trainer.state.global_step == 2
+    assert logged and all(0.0 <= h["reward"] <= 1.0 for h in logged)
+    assert all(h["completions/max_length"] <= toy.MAX_COMPLETION_LENGTH for h in logged)

@@ -19,8 +19,9 @@ Everything is built locally (nothing is downloaded):
 * :data:`RECOMMENDED_RL_ARGS` -- ``GRPOConfig`` keyword arguments that were measured to work on this task on CPU,
   and the ``EVAL_*`` constants for the held-out evaluation.
 
-Measured (2 shared CPU cores, torch 2.13, TRL 1.16, ``GRPOTrainer`` with :data:`RECOMMENDED_RL_ARGS`): the default
-warm-up gives about 40% held-out greedy accuracy, and 50-200 RL steps raise it to 70-85%.
+Measured on 2 shared CPU cores (torch 2.13, TRL 1.16, one torch thread), seeds 0/1/2: the default warm-up takes
+~23 s and gives 40.0/40.6/40.6% held-out greedy accuracy; ``GRPOTrainer`` with :data:`RECOMMENDED_RL_ARGS` then
+reaches 79.4/75.0/67.8% after 25 steps, 82.8/76.2/72.6% after 50 and 83.6/79.4/77.4% after 200 steps (~27 s).
 """
 
 from __future__ import annotations
@@ -38,47 +39,47 @@ from typing import Any
 import torch
 
 __all__ = [
-    "PAD_TOKEN",
-    "EOS_TOKEN",
-    "BOS_TOKEN",
-    "USER_TOKEN",
     "ASSISTANT_TOKEN",
+    "BOS_TOKEN",
     "CHAT_TEMPLATE",
-    "NUM_TERMS",
-    "FIRST_OPERAND_RANGE",
-    "OPERAND_RANGE",
-    "TEST_FRACTION",
-    "TEACHER_SLIP_RATE",
-    "SPLIT_SEED",
-    "MAX_COMPLETION_LENGTH",
-    "EVAL_NUM_PROBLEMS",
-    "EVAL_SEED",
-    "EVAL_MAX_NEW_TOKENS",
+    "DEFAULT_MODEL_KWARGS",
+    "DEFAULT_SFT_BATCH_SIZE",
+    "DEFAULT_SFT_CLEAN_FRACTION",
+    "DEFAULT_SFT_LR",
+    "DEFAULT_SFT_STEPS",
+    "EOS_TOKEN",
     "EVAL_BATCH_SIZE",
     "EVAL_GREEDY",
-    "DEFAULT_SFT_CLEAN_FRACTION",
-    "make_eval_dataset",
-    "TRAIN_NUM_PROBLEMS",
-    "DEFAULT_MODEL_KWARGS",
-    "DEFAULT_SFT_STEPS",
-    "DEFAULT_SFT_LR",
-    "DEFAULT_SFT_BATCH_SIZE",
+    "EVAL_MAX_NEW_TOKENS",
+    "EVAL_NUM_PROBLEMS",
+    "EVAL_SEED",
+    "FIRST_OPERAND_RANGE",
+    "MAX_COMPLETION_LENGTH",
+    "NUM_TERMS",
+    "OPERAND_RANGE",
+    "PAD_TOKEN",
     "RECOMMENDED_RL_ARGS",
-    "build_tokenizer",
-    "build_model",
+    "SPLIT_SEED",
+    "TEACHER_SLIP_RATE",
+    "TEST_FRACTION",
+    "TRAIN_NUM_PROBLEMS",
+    "USER_TOKEN",
     "all_problems",
-    "split_problems",
-    "solve",
-    "worked_solution",
-    "num_crossings",
-    "make_dataset",
-    "extract_answer",
-    "toy_reward",
-    "toy_format_reward",
-    "sft_warmup",
-    "evaluate_accuracy",
-    "generate_completions",
+    "build_model",
+    "build_tokenizer",
     "build_toy_model",
+    "evaluate_accuracy",
+    "extract_answer",
+    "generate_completions",
+    "make_dataset",
+    "make_eval_dataset",
+    "num_crossings",
+    "sft_warmup",
+    "solve",
+    "split_problems",
+    "toy_format_reward",
+    "toy_reward",
+    "worked_solution",
 ]
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -95,12 +96,7 @@ ASSISTANT_TOKEN = "<|assistant|>"
 SPECIAL_TOKENS = [PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN, SYSTEM_TOKEN, USER_TOKEN, ASSISTANT_TOKEN]
 
 # Every character the task (and a little free text) needs; one token per character.
-_CHARS = (
-    "0123456789"
-    "abcdefghijklmnopqrstuvwxyz"
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-    " \n+-*/=?,.:;!()#<>'\"_"
-)
+_CHARS = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ \n+-*/=?,.:;!()#<>'\"_"
 
 # Each message is rendered as <role-marker>content; an assistant turn ends with eos. The generation prompt is the
 # assistant marker, so the model's completion is exactly "<content><eos>".
@@ -155,7 +151,7 @@ def build_tokenizer():
 # Model
 # ----------------------------------------------------------------------------------------------------------------------
 
-DEFAULT_MODEL_KWARGS: dict[str, Any] = dict(hidden_size=96, num_layers=2, num_heads=4)
+DEFAULT_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 96, "num_layers": 2, "num_heads": 4}
 
 
 def build_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0, **kw):
@@ -165,20 +161,20 @@ def build_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, num_heads
     """
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    cfg = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=4 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        use_cache=True,
-    )
+    cfg = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 4 * hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": True,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "use_cache": True,
+    }
     cfg.update(kw)
     config = Qwen2Config(**cfg)
     with _seeded(seed):
@@ -226,8 +222,9 @@ class _seeded:
 # on a borrow, 12-3 -> 11) and carries on from the wrong value. The warmed-up model therefore solves the
 # no-crossing problems, greedily gets most crossing problems wrong (held-out greedy accuracy ~40%), but samples
 # the right carry/borrow about a quarter of the time at temperature 1: groups of 8 samples have mixed rewards, and
-# a verifiable-reward RL run quickly learns to carry/borrow properly, which transfers to the held-out problems.
-# A larger ``slip_rate`` (e.g. 0.8) makes the RL problem harder/slower.
+# a verifiable-reward RL run quickly learns to carry/borrow properly, which transfers to the held-out problems
+# (with RECOMMENDED_RL_ARGS: ~40% -> 68-79% after 25 steps, 77-84% after 200). Teacher chains may go negative
+# after a slip ("7+5=2,2-8=-6"); the correct ones never do.
 
 NUM_TERMS = 3  # operands per problem, e.g. "7+5-3"
 FIRST_OPERAND_RANGE = (0, 9)  # inclusive range of the first operand
@@ -236,6 +233,7 @@ TEST_FRACTION = 0.25  # share of all problems held out (never in the train split
 SPLIT_SEED = 1234  # fixed: the split never depends on a caller's seed
 TEACHER_SLIP_RATE = 0.7  # probability that the imperfect teacher fumbles a carry/borrow step
 MAX_COMPLETION_LENGTH = 20  # longest reference completion is 15 characters + eos
+
 
 def _task_settings(num_terms=None, first_operand_range=None, operand_range=None) -> tuple:
     return (
@@ -272,7 +270,7 @@ def split_problems(test_fraction: float = TEST_FRACTION, **task_kw) -> dict[str,
     """Fixed, seed-independent partition of all problems into disjoint ``"train"`` and ``"test"`` pools."""
     pool = sorted(all_problems(**task_kw))
     random.Random(SPLIT_SEED).shuffle(pool)
-    n_test = int(round(len(pool) * test_fraction))
+    n_test = round(len(pool) * test_fraction)
     return {"test": sorted(pool[:n_test]), "train": sorted(pool[n_test:])}
 
 
@@ -458,7 +456,7 @@ def sft_warmup(
     rng = random.Random(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
-    clean_steps = int(round(clean_fraction * steps))
+    clean_steps = round(clean_fraction * steps)
 
     def make_batch(step: int):
         idx = [rng.randrange(n) for _ in range(batch_size)]
@@ -504,8 +502,13 @@ def sft_warmup(
 
 @torch.no_grad()
 def generate_completions(
-    model, tokenizer, dataset, max_new_tokens: int = EVAL_MAX_NEW_TOKENS, greedy: bool = True,
-    batch_size: int = EVAL_BATCH_SIZE, temperature: float = 1.0,
+    model,
+    tokenizer,
+    dataset,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+    greedy: bool = True,
+    batch_size: int = EVAL_BATCH_SIZE,
+    temperature: float = 1.0,
 ) -> list[str]:
     """Decode one completion per prompt (left-padded batched ``generate``); special tokens are stripped."""
     was_training = model.training
@@ -516,17 +519,21 @@ def generate_completions(
     texts: list[str] = []
     try:
         for start in range(0, len(prompts), batch_size):
-            enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True,
-                            add_special_tokens=False)
+            enc = tokenizer(
+                prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            )
             enc = {k: v.to(model.device) for k, v in enc.items()}
-            gen_kw = dict(max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                          pad_token_id=tokenizer.pad_token_id)
+            gen_kw = {
+                "max_new_tokens": max_new_tokens,
+                "eos_token_id": tokenizer.eos_token_id,
+                "pad_token_id": tokenizer.pad_token_id,
+            }
             if greedy:
                 gen_kw.update(do_sample=False)
             else:
                 gen_kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
             out = model.generate(**enc, **gen_kw)
-            texts.extend(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+            texts.extend(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
     finally:
         tokenizer.padding_side = old_side
         model.train(was_training)
@@ -534,12 +541,15 @@ def generate_completions(
 
 
 def evaluate_accuracy(
-    model, tokenizer, dataset, max_new_tokens: int = EVAL_MAX_NEW_TOKENS, greedy: bool = True,
+    model,
+    tokenizer,
+    dataset,
+    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
+    greedy: bool = True,
     batch_size: int = EVAL_BATCH_SIZE,
 ) -> float:
     """Share of ``dataset`` problems whose generated completion earns ``toy_reward`` 1.0."""
-    completions = generate_completions(model, tokenizer, dataset, max_new_tokens, greedy=greedy,
-                                       batch_size=batch_size)
+    completions = generate_completions(model, tokenizer, dataset, max_new_tokens, greedy=greedy, batch_size=batch_size)
     rewards = toy_reward(completions, list(dataset["answer"]))
     return sum(rewards) / max(1, len(rewards))
 
@@ -563,21 +573,37 @@ def build_toy_model(
     num_train_problems: int = TRAIN_NUM_PROBLEMS,
     model_kwargs: dict[str, Any] | None = None,
     use_cache: bool = True,
+    num_threads: int | None = 1,
     verbose: bool = False,
 ):
     """Tokenizer + tiny model + SFT warm-up in one deterministic call. Returns ``(model, tokenizer)``.
 
     If ``output_dir`` is given, both are saved there with ``save_pretrained`` together with a marker file that
     records the build settings; a later call with the same settings (and ``use_cache=True``) loads them instead of
-    rebuilding.
+    rebuilding. Either way the returned model's ``config._name_or_path`` is then ``output_dir``, which TRL needs to
+    create the reference model when ``beta != 0`` (without ``output_dir`` the model exists only in memory; use
+    ``beta=0`` or pass ``output_dir``). ``num_threads`` sets torch's intra-op thread count for the warm-up only (the previous value is
+    restored; ``None`` leaves it alone). The default, one thread, makes the result independent of the caller's
+    setting and is the fastest choice on a shared machine (with 2 threads on 2 busy cores the warm-up took 4x
+    longer).
     """
     model_kwargs = {**DEFAULT_MODEL_KWARGS, **(model_kwargs or {})}
-    settings = dict(
-        version=_BUILD_VERSION, seed=seed, sft_steps=sft_steps, sft_lr=sft_lr, sft_batch_size=sft_batch_size,
-        slip_rate=slip_rate, sft_clean_fraction=sft_clean_fraction, num_train_problems=num_train_problems, model_kwargs=model_kwargs,
-        task=dict(num_terms=NUM_TERMS, first_operand_range=list(FIRST_OPERAND_RANGE),
-                  operand_range=list(OPERAND_RANGE)),
-    )
+    settings = {
+        "version": _BUILD_VERSION,
+        "seed": seed,
+        "sft_steps": sft_steps,
+        "sft_lr": sft_lr,
+        "sft_batch_size": sft_batch_size,
+        "slip_rate": slip_rate,
+        "sft_clean_fraction": sft_clean_fraction,
+        "num_train_problems": num_train_problems,
+        "model_kwargs": model_kwargs,
+        "task": {
+            "num_terms": NUM_TERMS,
+            "first_operand_range": list(FIRST_OPERAND_RANGE),
+            "operand_range": list(OPERAND_RANGE),
+        },
+    }
     if output_dir is not None and use_cache:
         marker = os.path.join(output_dir, _MARKER_FILE)
         if os.path.isfile(marker):
@@ -597,8 +623,24 @@ def build_toy_model(
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed, **model_kwargs)
     dataset = make_dataset(num_train_problems, seed=seed, split="train")
-    sft_warmup(model, tokenizer, dataset, steps=sft_steps, lr=sft_lr, seed=seed, batch_size=sft_batch_size,
-               slip_rate=slip_rate, clean_fraction=sft_clean_fraction, log_every=50 if verbose else 0)
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        sft_warmup(
+            model,
+            tokenizer,
+            dataset,
+            steps=sft_steps,
+            lr=sft_lr,
+            seed=seed,
+            batch_size=sft_batch_size,
+            slip_rate=slip_rate,
+            clean_fraction=sft_clean_fraction,
+            log_every=50 if verbose else 0,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
     if verbose:
         print(f"SFT warm-up: {sft_steps} steps in {time.perf_counter() - t0:.1f}s")
 
@@ -608,6 +650,8 @@ def build_toy_model(
         tokenizer.save_pretrained(output_dir)
         with open(os.path.join(output_dir, _MARKER_FILE), "w") as f:
             json.dump(settings, f, indent=2)
+        # As if loaded with from_pretrained: TRL builds the reference model (beta != 0) from this path.
+        model.config._name_or_path = str(output_dir)
     return model, tokenizer
 
 
@@ -616,20 +660,21 @@ def build_toy_model(
 # generation round samples 128 completions and is used for 2 optimizer steps (the second one off-policy, so the
 # importance ratio/clipping path is exercised). ~0.12-0.2 s per step on 2 shared CPU cores; most of the gain
 # arrives within the first 50-100 steps. lr 3e-4 and above (without warm-up) degrades the model at first.
-RECOMMENDED_RL_ARGS: dict[str, Any] = dict(
-    use_cpu=True,
-    bf16=False,
-    report_to="none",
-    save_strategy="no",
-    logging_steps=1,
-    max_steps=200,
-    per_device_train_batch_size=64,
-    num_generations=8,
-    gradient_accumulation_steps=1,
-    steps_per_generation=2,
-    max_completion_length=MAX_COMPLETION_LENGTH,
-    temperature=1.0,
-    learning_rate=1e-4,
-    beta=0.0,
-    scale_rewards="none",
-)
+RECOMMENDED_RL_ARGS: dict[str, Any] = {
+    "use_cpu": True,
+    "bf16": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "max_steps": 200,
+    "per_device_train_batch_size": 64,
+    "num_generations": 8,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": 2,
+    "max_completion_length": MAX_COMPLETION_LENGTH,
+    "temperature": 1.0,
+    "learning_rate": 1e-4,
+    "beta": 0.0,
+    "scale_rewards": "none",
+    "gradient_checkpointing": False,  # GRPOConfig defaults to True; recomputation only costs time at this size
+}
