@@ -41,6 +41,14 @@ METHODS: dict[str, dict] = {
     "GRPO": dict(trainer="grpo", loss_type="grpo", beta=KL_BETA, epsilon=0.2, scale_rewards="group"),
     "DAPO": dict(trainer="grpo", loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, scale_rewards="group"),
 }
+# Ablations, not in the default set (run them with --methods): what separates RPG-REINFORCE-URKL from DAPO here.
+ABLATIONS: dict[str, dict] = {
+    "RPG-REINFORCE-URKL std-scaled": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce",
+                                          scale_rewards="group"),
+    "RPG-REINFORCE-URKL beta=0": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce", beta=0.0),
+}
+DEFAULT_METHODS = tuple(METHODS)
+METHODS.update(ABLATIONS)
 # RPG settings shared by all four RPG variants (the paper's defaults apart from beta): reference = sampling policy,
 # RPG-Style Clip (0.2, 0.28, c=10), advantage = reward - group mean, token-mean aggregation.
 RPG_COMMON = dict(beta=KL_BETA, epsilon=0.2, epsilon_high=0.28, rpg_dual_clip_c=10.0, rpg_reference="sampling",
@@ -50,7 +58,7 @@ RPG_COMMON = dict(beta=KL_BETA, epsilon=0.2, epsilon_high=0.28, rpg_dual_clip_c=
 @dataclass
 class Settings:
     seeds: tuple = tuple(range(10))
-    methods: tuple = tuple(METHODS)
+    methods: tuple = DEFAULT_METHODS
     generation_batches: int = 25  # budget: optimizer steps = generation_batches * REUSE
     reuse: int = REUSE
     # Fixed here (None would take trl_rpg.toy.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made the
@@ -190,7 +198,8 @@ def effective_rl_args(s: Settings) -> dict:
     toy = _toy(s)
 
     args = {k: v for k, v in toy.RECOMMENDED_RL_ARGS.items() if k in (
-        "per_device_train_batch_size", "num_generations", "learning_rate", "temperature", "max_completion_length")}
+        "per_device_train_batch_size", "num_generations", "learning_rate", "temperature", "max_completion_length",
+        "gradient_checkpointing")}
     args.setdefault("max_completion_length", toy.MAX_COMPLETION_LENGTH)
     for name in list(args) + ["temperature"]:
         if getattr(s, name, None) is not None:
