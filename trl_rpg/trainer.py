@@ -524,7 +524,8 @@ class _NonFiniteGradientGuard(TrainerCallback):
         params = [p for p in trainer.model.parameters() if p.grad is not None]
         if not params:
             return control
-        finite = torch.stack([torch.isfinite(p.grad).all() for p in params]).all().float()
+        # one fused pass: a gradient holds NaN/inf exactly when its norm does
+        finite = torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in params]))).all().float()
         finite = trainer.accelerator.reduce(finite.reshape(1), reduction="sum").item()
         if finite < trainer.accelerator.num_processes:
             for p in params:
