@@ -12,8 +12,10 @@ CASES = [
     (dict(rpg_divergence="kl"), "rpg_divergence", "fkl"),
     (dict(rpg_estimator="ppo"), "rpg_estimator", "reinforce"),
     (dict(rpg_reference="ema"), "rpg_reference", "periodic"),
-    (dict(epsilon=-0.1), "epsilon", ">= 0"),
-    (dict(epsilon_high=-0.1), "epsilon_high", ">= 0"),
+    (dict(epsilon=-0.1), "epsilon", "> 0"),
+    (dict(epsilon=0.0), "epsilon", "no gradient"),
+    (dict(epsilon_high=-0.1), "epsilon_high", "> 0"),
+    (dict(epsilon=0.2, epsilon_high=0.0), "epsilon_high", "no gradient"),
     (dict(rpg_dual_clip_c=1.0), "rpg_dual_clip_c", "> 1"),
     (dict(rpg_dual_clip_c=0.5), "rpg_dual_clip_c", "> 1"),
     (dict(beta=-1e-4), "beta", ">= 0"),
@@ -37,7 +39,7 @@ CASES = [
     (dict(loss_type="luspo", importance_sampling_level="sequence"), "loss_type", "dapo"),
     (dict(sync_ref_model=True), "sync_ref_model", "periodic"),
     (dict(delta=2.0), "delta", "rpg_dual_clip_c"),
-    (dict(use_adaptive_entropy=True), "use_adaptive_entropy", "entropy_coef"),
+    (dict(dynamic_sampling_metric=""), "dynamic_sampling_metric", "name of a reward function"),
 ]
 
 
@@ -62,3 +64,20 @@ def test_valid_schedules_are_accepted():
     RPGConfig(**BASE, rpg_reference="initial")
     RPGConfig(**BASE, rpg_dual_clip_c=None)
     RPGConfig(**BASE, beta=0.0)  # no KL at all: plain clipped policy gradient, reference = sampler
+
+
+@pytest.mark.parametrize("given,expected", [
+    ({}, (0.2, 0.28)),  # the paper's clip-higher trust region
+    ({"epsilon": 0.1}, (0.1, 0.1)),  # only epsilon: symmetric, as GRPOConfig
+    ({"epsilon": 0.2}, (0.2, 0.2)),
+    ({"epsilon_high": 0.4}, (0.2, 0.4)),
+    ({"epsilon": 0.1, "epsilon_high": 0.3}, (0.1, 0.3)),
+])
+def test_clip_widths_follow_grpo_when_only_epsilon_is_set(given, expected):
+    args = RPGConfig(**BASE, **given)
+    assert (args.epsilon, args.epsilon_high) == expected
+    # what a GRPO user who set the same fields gets, after the trainer upgrades the config
+    grpo = GRPOConfig(**BASE, **given)
+    upgraded = RPGConfig.from_grpo_config(grpo)
+    grpo_high = grpo.epsilon_high if grpo.epsilon_high is not None else grpo.epsilon
+    assert (upgraded.epsilon, upgraded.epsilon_high) == (grpo.epsilon, grpo_high)

@@ -51,7 +51,8 @@ def test_grpo_config_is_upgraded_keeping_grpo_fields(tmp_path):
     trainer = RPGTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset())
     assert isinstance(trainer.args, RPGConfig)
     # GRPO fields keep the script's values...
-    assert (trainer.rpg_beta, trainer.args.epsilon, trainer.args.scale_rewards) == (0.02, 0.1, "group")
+    assert (trainer.args.beta, trainer.args.epsilon, trainer.args.scale_rewards) == (0.02, 0.1, "group")
+    assert trainer.args.epsilon_high == 0.1  # GRPO's epsilon_high=None: symmetric, as GRPOTrainer would train
     assert trainer.args.steps_per_generation == 2
     # ...and RPG fields get RPG defaults
     assert (trainer.args.rpg_divergence, trainer.args.rpg_estimator, trainer.args.rpg_reference) == (

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import zlib
 from collections import Counter, defaultdict
 
 import pytest
@@ -327,6 +328,35 @@ def test_reference_logps_and_group_scaling_pass_through(tmp_path, model_path):
     for (prompt, _), adv in zip(batch["rows"], batch["advantages"]):
         by_prompt[prompt].append(adv)
     assert all(not is_constant_prompt(p) and max(a) > min(a) for p, a in by_prompt.items())
+
+
+def test_metric_names_the_reward_function_whose_spread_decides(tmp_path, model_path):
+    """DAPO filters on accuracy: with an accuracy reward plus a length-like penalty, a group that is all right (or all
+    wrong) but differs in penalty must be dropped when `dynamic_sampling_metric` names the accuracy reward, and is
+    kept when the weighted total decides (the default)."""
+
+    def penalty(completion_ids, **kwargs):  # differs between the completions of a group
+        return [-(zlib.crc32(bytes(str(list(ids)), "utf8")) % 7) / 10 for ids in completion_ids]
+
+    trained_constant = {}
+    for metric in (None, "subset_reward"):
+        reward = SubsetReward()
+        args = RPGConfig(**cpu_args(tmp_path / str(metric), per_device_train_batch_size=4,
+                                    gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
+                                    dynamic_sampling=True, dynamic_sampling_metric=metric))
+        trainer = RecordingTrainer(model_path, reward_funcs=[reward, penalty], args=args,
+                                   train_dataset=tiny_dataset(16), reward=reward)
+        trainer.train()
+        trained_constant[metric] = sum(is_constant_prompt(p) for b in trainer.batches for p, _ in b["rows"])
+    assert trained_constant["subset_reward"] == 0  # filtered on the accuracy reward alone
+    assert trained_constant[None] > 0  # the total varies with the penalty: all-right groups were kept
+
+
+def test_metric_must_name_a_reward_function(tmp_path, model_path):
+    args = RPGConfig(**cpu_args(tmp_path, dynamic_sampling=True, dynamic_sampling_metric="accuracy"))
+    with pytest.raises(ValueError, match=r"`dynamic_sampling_metric`='accuracy'.*\['subset_reward'\]"):
+        RecordingTrainer(model_path, reward_funcs=SubsetReward(), args=args, train_dataset=tiny_dataset(16),
+                         reward=SubsetReward())
 
 
 def test_disabled_is_plain_grpo_batching(tmp_path, model_path):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, LOG_RATIO_BOUND, rpg_per_token_loss
 
 PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
 CLIPS = [{}, dict(epsilon_low=0.2, epsilon_high=0.28, dual_clip_c=10.0)]
@@ -87,6 +87,8 @@ def _args():
         (dict(beta=-1.0), "beta"),
         (dict(beta=float("nan")), "beta"),
         (dict(epsilon_low=-0.1), "epsilon_low"),
+        (dict(epsilon_low=0.0), "epsilon_low"),
+        (dict(epsilon_low=0.2, epsilon_high=0.0), "epsilon_high"),
         (dict(epsilon_low=0.2, epsilon_high=-0.1), "epsilon_high"),
         (dict(epsilon_high=0.2), "epsilon_high"),
         (dict(epsilon_low=0.2, dual_clip_c=1.0), "dual_clip_c"),
@@ -116,3 +118,63 @@ def test_bad_tensors_raise_value_error_naming_the_argument(position, value, argu
     args[position] = value
     with pytest.raises(ValueError, match=f"`{argument}`"):
         rpg_per_token_loss(*args)
+
+
+def test_zero_clip_width_is_rejected_because_it_would_clip_w_equal_one():
+    """With eps = 0 the trust region is the single point w = 1, which the clip table puts on the boundary: every
+    on-policy token would get no gradient. Widths must be > 0 (docs/math.md section 3)."""
+    with pytest.raises(ValueError, match="`epsilon_low` must be > 0"):
+        rpg_per_token_loss(*_args(), epsilon_low=0.0, epsilon_high=0.28)
+    # the smallest positive widths keep every on-policy token's gradient
+    logp = torch.randn(2, 3, requires_grad=True)
+    loss, stats = rpg_per_token_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), torch.ones(2, 3),
+                                     epsilon_low=1e-6, epsilon_high=1e-6, dual_clip_c=10.0)
+    loss.sum().backward()
+    assert (logp.grad != 0).all()
+    assert stats["clip_frac_high"] == stats["clip_frac_low"] == 0.0
+
+
+def _realistic_logps(log_ratio: torch.Tensor):
+    """(logp, logmu) with logp - logmu = log_ratio and both log-probabilities <= 0."""
+    logp = torch.where(log_ratio > 0, torch.full_like(log_ratio, -1.0), -1.0 + log_ratio)
+    return logp, logp - log_ratio
+
+
+#: Beyond float32's exp overflow (log 3.4e38 = 88.7) and float64's (709.8); |log w| = 80 reaches neither.
+BEYOND_OVERFLOW = [-1000.0, -100.0, -89.0, 89.0, 100.0, 1000.0]
+
+
+@pytest.mark.parametrize("divergence,estimator", PAIRS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("clip", CLIPS)
+def test_log_ratio_beyond_exp_overflow_saturates(divergence, estimator, dtype, clip):
+    """log w beyond the overflow of `exp`: without the clamp to LOG_RATIO_BOUND, w = inf (or 0 * inf = NaN).
+    The ratio saturates at exp(LOG_RATIO_BOUND) and loss, gradient and statistics stay finite."""
+    log_w = torch.tensor(BEYOND_OVERFLOW, dtype=torch.float64)
+    logp, logmu = _realistic_logps(log_w)
+    logp = logp.to(dtype).unsqueeze(0).repeat(2, 1).requires_grad_(True)
+    logmu = logmu.to(dtype).unsqueeze(0).repeat(2, 1)
+    adv = torch.tensor([1.0, -1.0], dtype=dtype)
+    loss, stats = rpg_per_token_loss(logp, logmu, adv, torch.ones_like(logp), divergence=divergence,
+                                     estimator=estimator, beta=0.1, **clip)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in stats.values())
+    compute = torch.promote_types(dtype, torch.float32)
+    assert stats["w_max"].item() == torch.tensor(LOG_RATIO_BOUND, dtype=compute).exp().item()
+
+
+@pytest.mark.parametrize("divergence,estimator", PAIRS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_ratio_beyond_exp_overflow_stays_finite(divergence, estimator, dtype):
+    """log rho = log(pi_ref / mu) beyond the overflow of `exp` (rho = inf unclamped): finite loss, gradient and
+    divergence estimate."""
+    log_rho = torch.tensor([[-1000.0, -100.0, 100.0, 1000.0]], dtype=torch.float64).repeat(2, 1)
+    ref, logmu = _realistic_logps(log_rho)
+    logp = (logmu + 0.5).to(dtype).requires_grad_(True)  # log w = 0.5: only rho is extreme
+    ref, logmu = ref.to(dtype), logmu.to(dtype)
+    loss, stats = rpg_per_token_loss(logp, logmu, torch.tensor([1.0, -1.0], dtype=dtype), torch.ones_like(logp),
+                                     ref_logps=ref, divergence=divergence, estimator=estimator, beta=0.1)
+    loss.sum().backward()
+    assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in stats.values())

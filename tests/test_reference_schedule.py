@@ -35,19 +35,19 @@ class RecordReference(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         inputs = probe(self.trainer)
         t = inputs["completion_ids"].size(1)
-        self.ref.append(self.trainer._rpg_reference_logps(dict(inputs), t).clone())
+        self.ref.append(self.trainer.reference.logps(dict(inputs), t).clone())
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         with torch.no_grad():
             logps, _, _ = self.trainer._get_per_token_logps_and_entropies(self.trainer.model, ids, mask, t)
         self.policy.append(logps)
-        self.updates.append(self.trainer._rpg_ref_updates)
+        self.updates.append(self.trainer.reference.updates)
 
 
 def test_sampling_reference_creates_no_reference_model_even_with_beta(tmp_path, model_path):
     args = RPGConfig(**cpu_args(tmp_path, max_steps=2, beta=0.5, rpg_reference="sampling"))
     trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
-    assert trainer.ref_model is None and trainer.rpg_beta == 0.5 and trainer.args.beta == 0.5
+    assert trainer.ref_model is None and trainer.args.beta == 0.5 and not trainer.trl_computes_reference_logps
     trainer.train()
     assert "ref_per_token_logps" not in trainer._buffered_inputs[0]
     assert trainer.state.log_history[1]["rpg/divergence"] > 0  # the KL acts on the reused batch
@@ -70,7 +70,7 @@ def test_periodic_reference_updates_exactly_when_due(tmp_path, model_path, use_l
                          peft_config=lora() if use_lora else None)
     recorder = RecordReference(trainer)
     trainer.add_callback(recorder)
-    initial = trainer._rpg_reference_logps(probe(trainer), probe(trainer)["completion_ids"].size(1)).clone()
+    initial = trainer.reference.logps(probe(trainer), probe(trainer)["completion_ids"].size(1)).clone()
     trainer.train()
     previous = [initial] + recorder.ref[:-1]
     changed = [not torch.equal(before, after) for before, after in zip(previous, recorder.ref)]
@@ -105,17 +105,17 @@ def test_adaptive_reference_updates_when_the_divergence_crosses_the_target(tmp_p
     trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset(),
                          peft_config=lora() if use_lora else None)
     seen = []
-    original = trainer.update_reference
+    original = trainer.reference.update
 
     def update_and_record():
-        seen.append(("update", trainer.state.global_step, trainer._rpg_kl_ema))
+        seen.append(("update", trainer.state.global_step, trainer.reference.trigger.average))
         original()
 
-    trainer.update_reference = update_and_record
+    trainer.reference.update = update_and_record
 
     class After(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            seen.append(("after", state.global_step, trainer._rpg_kl_ema))
+            seen.append(("after", state.global_step, trainer.reference.trigger.average))
 
     trainer.add_callback(After())
     trainer.train()

@@ -14,7 +14,7 @@ import torch
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg.trainer import CHECKPOINT_MARKER, last_complete_checkpoint
+from trl_rpg.checkpoint import MANIFEST_FILE, last_complete_checkpoint
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_resume_script.py")
 
@@ -56,9 +56,9 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_result(tmp_path, model_path,
     # the resumed log holds the checkpoint's history (steps 1-3) and the resumed steps 4-6
     assert len(full_losses) == 6
     assert resumed_losses[-3:] == pytest.approx(full_losses[3:], rel=1e-5, abs=1e-7)
-    assert resumed._rpg_ref_updates == full._rpg_ref_updates
+    assert resumed.reference.updates == full.reference.updates
     if reference == "periodic":
-        assert full._rpg_ref_updates == 3  # steps 2, 4, 6
+        assert full.reference.updates == 3  # steps 2, 4, 6
 
 
 @pytest.mark.parametrize("reference", ["periodic"])
@@ -78,8 +78,8 @@ def test_checkpoint_interrupted_while_written_is_never_resumed(tmp_path, model_p
     out = tmp_path / "run"
     run_killed(model_path, out, "periodic", "--kill-in-save", "6")
     half = out / "checkpoint-6"
-    assert half.is_dir() and not (half / CHECKPOINT_MARKER).exists()  # model written, RPG state not
-    assert (out / "checkpoint-3" / CHECKPOINT_MARKER).exists()
+    assert half.is_dir() and not (half / MANIFEST_FILE).exists()  # model written, RPG state not
+    assert (out / "checkpoint-3" / MANIFEST_FILE).exists()
     assert last_complete_checkpoint(str(out)).endswith("checkpoint-3")
 
     trainer = make_trainer(model_path, out, "periodic")

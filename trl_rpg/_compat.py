@@ -1,32 +1,38 @@
-"""Everything that depends on TRL's (or transformers') internals lives here, so a TRL upgrade touches one file.
+"""Everything trl-rpg relies on inside TRL and transformers, in one place, so an upgrade touches one file.
 
-Tested against TRL 1.16 (`pyproject.toml` pins `trl>=1.16,<1.17`). `RPGTrainer` overrides these private
-`GRPOTrainer` hooks:
+Tested against TRL 1.16 and transformers 5 (`pyproject.toml` pins `trl>=1.16,<1.17`). `tests/test_compat.py`
+checks every name below on the installed versions and fails with a message naming what is missing.
 
-- `_compute_loss(model, inputs)`: RPG's per-token loss replaces GRPO's (the method is monolithic in TRL 1.16).
-- `_generate_and_score_completions(inputs)`: tags each generation batch with the reference version (and runs
-  dynamic sampling).
-- `_save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
-- `_calculate_rewards`: keeps the gathered rewards for dynamic sampling's group filter.
+`RPGTrainer` overrides these methods (`OVERRIDDEN`):
 
-and reads these private attributes: `_buffered_inputs` and `_step` (the reused generation batch and the micro-step
-counter of `GRPOTrainer._prepare_inputs`), `_metrics`, `_get_per_token_logps_and_entropies`,
-`get_high_entropy_mask`, `get_off_policy_mask`, `current_gradient_accumulation_steps`, `aux_loss_enabled`; and,
-for dynamic sampling, `state.stateful_callbacks`, `_tokenizer`, `reward_weights`, `multi_objective_aggregation`,
-`shuffle_dataset`, `_remove_unused_columns`.
+- `GRPOTrainer._compute_loss(model, inputs)`: RPG's per-token loss replaces GRPO's (the method is monolithic).
+- `GRPOTrainer._generate_and_score_completions(inputs)`: dynamic sampling, the all-unscored check, reference tags.
+- `GRPOTrainer._save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
+- `Trainer._get_grad_norm(model, grad_norm)`: the non-finite-gradient guard reads the norm clipping computed.
+
+and calls or reads these (`CALLED`, `INSTANCE_ATTRIBUTES`): `_calculate_rewards` (its return value, the gathered
+rewards, is captured during generation, see `capture_return`), `_get_per_token_logps_and_entropies`,
+`get_high_entropy_mask`, `get_off_policy_mask`, `_remove_unused_columns`; the instance attributes `_buffered_inputs`
+and `_step` (the reused generation batch and the micro-step counter of `GRPOTrainer._prepare_inputs`), `_metrics`,
+`beta` (from which TRL decides whether reference log-probs are computed), `ref_model`, `reward_weights`,
+`reward_func_names`, `multi_objective_aggregation`, `shuffle_dataset`, `entropy_coef`, `_last_world_entropy`,
+`_entropy_window_stats` (TRL's adaptive entropy controller, whose state TRL checkpoints), `_entropy_bonus_enabled`,
+`current_gradient_accumulation_steps`, `aux_loss_enabled`, `epsilon_low`, `epsilon_high`, `top_entropy_quantile`,
+`off_policy_mask_threshold`, `importance_sampling_level`, `use_vllm`, `vllm_importance_sampling_correction`.
+
+Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
+ones TRL 1.16 produces); dynamic sampling refuses others.
 """
 
-from trl.trainer.utils import use_adapter
+from __future__ import annotations
 
-try:  # TRL 1.16
-    from trl.models.utils import disable_gradient_checkpointing
-except ImportError:  # pragma: no cover - older layouts
-    from contextlib import nullcontext
-
-    def disable_gradient_checkpointing(model, kwargs=None):
-        return nullcontext()
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import use_adapter
 
 #: Keys of a TRL generation batch that are forwarded to the model as multimodal inputs.
 MULTIMODAL_KEYS = (
@@ -34,12 +40,75 @@ MULTIMODAL_KEYS = (
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )
 
+#: GRPOTrainer / Trainer methods RPGTrainer overrides.
+OVERRIDDEN = ("_compute_loss", "_generate_and_score_completions", "_save_checkpoint", "_load_optimizer_and_scheduler",
+              "_get_grad_norm")
+#: GRPOTrainer methods RPGTrainer calls.
+CALLED = ("_calculate_rewards", "_get_per_token_logps_and_entropies", "get_high_entropy_mask", "get_off_policy_mask",
+          "_remove_unused_columns", "_prepare_inputs")
+#: Attributes a built GRPOTrainer must have.
+INSTANCE_ATTRIBUTES = (
+    "_buffered_inputs", "_step", "_metrics", "beta", "ref_model", "reward_weights", "reward_func_names",
+    "multi_objective_aggregation", "shuffle_dataset", "entropy_coef", "_last_world_entropy", "_entropy_window_stats",
+    "_entropy_bonus_enabled", "current_gradient_accumulation_steps", "aux_loss_enabled", "epsilon_low",
+    "epsilon_high", "top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level", "use_vllm",
+    "vllm_importance_sampling_correction", "processing_class",
+)
+#: Fields of a text-only training generation batch of TRL 1.16 (with steps_per_generation > accumulation steps).
+GENERATION_BATCH_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
+                           "num_items_in_batch", "old_per_token_logps")
+
+
+@contextmanager
+def trl_sees_beta(args, beta: float) -> Iterator[None]:
+    """Within the block, `args.beta` reads `beta`; restored after.
+
+    TRL decides from `args.beta` (copied to `self.beta` in `GRPOTrainer.__init__`) whether to build a reference
+    model and whether to compute reference log-probs at generation time. With `rpg_reference="sampling"` RPG needs
+    neither, whatever its own beta, so the trainer is built with TRL seeing 0.
+    """
+    saved = args.beta
+    args.beta = beta
+    try:
+        yield
+    finally:
+        args.beta = saved
+
+
+@contextmanager
+def capture_return(obj: Any, method: str) -> Iterator[list]:
+    """Within the block, every call of `obj.<method>` also appends its return value to the yielded list.
+
+    Used to read, as a value, the gathered rewards TRL computes inside `_generate_and_score_completions` (TRL does
+    not return them).
+    """
+    original = getattr(obj, method)
+    returned: list = []
+
+    def recording(*args, **kwargs):
+        value = original(*args, **kwargs)
+        returned.append(value)
+        return value
+
+    setattr(obj, method, recording)
+    try:
+        yield returned
+    finally:
+        delattr(obj, method)  # the class's method is visible again
+
+
+def missing_internals(trainer_class, trainer=None) -> list[str]:
+    """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
+    missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
+                                                                                                      name)]
+    if trainer is not None:
+        missing += [f"{type(trainer).__name__} instance attribute {name}" for name in INSTANCE_ATTRIBUTES
+                    if not hasattr(trainer, name)]
+    return missing
 
 
 __all__ = [
-    "MULTIMODAL_KEYS",
-    "PREFIX_CHECKPOINT_DIR",
-    "disable_gradient_checkpointing",
-    "rotate_checkpoints",
-    "use_adapter",
+    "CALLED", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN",
+    "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "missing_internals",
+    "rotate_checkpoints", "trl_sees_beta", "use_adapter",
 ]

@@ -29,7 +29,9 @@ class RPGConfig(GRPOConfig):
       the paper's two best methods (Table 3).
     - `beta=1e-4`: the paper's KL coefficient (GRPOConfig's default is 0.0).
     - `epsilon=0.2`, `epsilon_high=0.28`, `rpg_dual_clip_c=10.0`: RPG-Style Clip with the paper's trust region and
-      the dual-clip bound of the released scripts.
+      the dual-clip bound of the released scripts. As in `GRPOConfig`, setting only `epsilon` gives the symmetric
+      region `(epsilon, epsilon)`; the paper's clip-higher 0.28 applies when neither width is set. Both widths must
+      be > 0 (with 0, `w = 1` lies on the clip boundary and on-policy tokens get no gradient).
     - `scale_rewards="none"`: the advantage is `R - mean(group)` with no std scaling, the paper's baseline.
     - `loss_type="dapo"`: token-mean aggregation over the accumulated batch, as in the paper (DAPO's token-mean).
     - `rpg_reference="sampling"`: the reference is the policy that sampled each generation batch, whose log-probs
@@ -37,7 +39,7 @@ class RPGConfig(GRPOConfig):
     - Batch reuse: unless `steps_per_generation`, `generation_batch_size` or `num_iterations` is set, each
       generation batch is reused for `rpg_generation_reuse` (default 4) optimizer steps. With the reference equal to
       the sampler, w = 1 on-policy and the KL gradient vanishes; the regulariser and the clip act only on reused,
-      off-policy batches (rpg-math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
+      off-policy batches (docs/math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
 
     Parameters:
         > Parameters that control the RPG objective
@@ -92,6 +94,13 @@ class RPGConfig(GRPOConfig):
             topped up with the highest-variance groups seen among the dropped ones (whose advantages are zero: no
             policy-gradient signal, though their tokens still count in the loss normalisation and the KL term), logs
             it and warns; `"raise"` stops with a `RuntimeError` on every process.
+        dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
+            Whose reward spread decides whether a group is kept: the name of one reward function (as in
+            `trainer.reward_func_names`), or `None` for the weighted total of all reward functions (the same when
+            there is one reward function). DAPO and the paper filter on accuracy: with an accuracy reward plus a
+            length penalty, set it to the accuracy reward (e.g. `"math_reward"`), or groups that are all wrong but
+            differ in length penalty are kept and train on the length penalty alone. The trainer cannot tell which
+            function measures accuracy, hence the default.
     """
 
     # ---- GRPOConfig fields whose defaults change (the paper's setup) ----
@@ -99,14 +108,15 @@ class RPGConfig(GRPOConfig):
         default=1e-4,
         metadata={"help": "KL coefficient beta of the RPG objective E[A] - beta * D. The paper uses 1e-4."},
     )
-    epsilon: float = field(
-        default=0.2,
-        metadata={"help": "Lower clip width eps_low of RPG-Style Clip: the trust region is [1 - eps_low, 1 + "
-                          "epsilon_high]. The paper uses 0.2."},
+    epsilon: float | None = field(
+        default=None,
+        metadata={"help": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "
+                          "epsilon_high]. Default 0.2 (the paper's)."},
     )
     epsilon_high: float | None = field(
-        default=0.28,
-        metadata={"help": "Upper clip width eps_high of RPG-Style Clip. The paper uses 0.28 (clip-higher)."},
+        default=None,
+        metadata={"help": "Upper clip width eps_high (> 0). Default: 0.28 (the paper's clip-higher) when `epsilon` is "
+                          "not set either; equal to `epsilon` when only `epsilon` is set, as in GRPOConfig."},
     )
     scale_rewards: str = field(
         default="none",
@@ -189,8 +199,15 @@ class RPGConfig(GRPOConfig):
         metadata={"help": "When the rounds run out: 'train' (fill with the best groups seen and log it) or 'raise'.",
                   "choices": list(DYNAMIC_SAMPLING_ON_EXHAUSTED)},
     )
+    dynamic_sampling_metric: str | None = field(
+        default=None,
+        metadata={"help": "Whose reward spread decides if a group is kept: the name of one reward function (e.g. "
+                          "'math_reward', as in DAPO and the paper: filter on accuracy) or None (default) for the "
+                          "weighted total of all reward functions."},
+    )
 
     def __post_init__(self):
+        self.epsilon, self.epsilon_high = resolve_clip_widths(self.epsilon, self.epsilon_high)
         self._validate_rpg()
         if (
             self.steps_per_generation is None
@@ -198,6 +215,7 @@ class RPGConfig(GRPOConfig):
             and self.num_iterations == 1
         ):
             self.steps_per_generation = self.rpg_generation_reuse * self.gradient_accumulation_steps
+        _check_generation_batch(self)  # before TRL's own check, whose message names a number the user never set
         super().__post_init__()
 
     def _validate_rpg(self):
@@ -216,10 +234,13 @@ class RPGConfig(GRPOConfig):
                 f"{list(AGGREGATION_LOSS_TYPES)} (use GRPOTrainer for '{self.loss_type}')")
         if not _finite(self.beta) or self.beta < 0:
             bad("beta", self.beta, "it must be a finite number >= 0")
-        if not _finite(self.epsilon) or self.epsilon < 0:
-            bad("epsilon", self.epsilon, "it must be a finite number >= 0 (the lower clip width eps_low)")
-        if self.epsilon_high is not None and (not _finite(self.epsilon_high) or self.epsilon_high < 0):
-            bad("epsilon_high", self.epsilon_high, "it must be a finite number >= 0 or None (= epsilon)")
+        # A zero width puts w = 1 on the clip boundary: on-policy tokens would get no gradient (docs/math.md sec. 3)
+        if not _finite(self.epsilon) or self.epsilon <= 0:
+            bad("epsilon", self.epsilon, "it must be a finite number > 0 (the lower clip width eps_low; with 0, "
+                                         "every on-policy token would sit on the clip boundary and get no gradient)")
+        if not _finite(self.epsilon_high) or self.epsilon_high <= 0:
+            bad("epsilon_high", self.epsilon_high, "it must be a finite number > 0 (the upper clip width eps_high; "
+                                                   "with 0, on-policy tokens would get no gradient)")
         if self.rpg_dual_clip_c is not None and (not _finite(self.rpg_dual_clip_c) or self.rpg_dual_clip_c <= 1):
             bad("rpg_dual_clip_c", self.rpg_dual_clip_c, "it must be a number > 1, or None to disable dual-clip")
 
@@ -247,6 +268,10 @@ class RPGConfig(GRPOConfig):
             bad("rpg_generation_reuse", self.rpg_generation_reuse, "it must be an integer >= 1")
         if not _positive_int(self.dynamic_sampling_max_rounds):
             bad("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, "it must be an integer >= 1")
+        if self.dynamic_sampling_metric is not None and (
+                not isinstance(self.dynamic_sampling_metric, str) or not self.dynamic_sampling_metric):
+            bad("dynamic_sampling_metric", self.dynamic_sampling_metric,
+                "use the name of a reward function, or None for the weighted total of all reward functions")
         if self.dynamic_sampling_on_exhausted not in DYNAMIC_SAMPLING_ON_EXHAUSTED:
             bad("dynamic_sampling_on_exhausted", self.dynamic_sampling_on_exhausted,
                 f"choose one of {list(DYNAMIC_SAMPLING_ON_EXHAUSTED)}")
@@ -257,9 +282,6 @@ class RPGConfig(GRPOConfig):
                                         "PEFT and ZeRO-3 too)")
         if self.delta is not None:
             bad("delta", self.delta, "two-sided clipping is GRPO's; RPG bounds large ratios with rpg_dual_clip_c")
-        if self.use_adaptive_entropy:
-            bad("use_adaptive_entropy", True, "the adaptive entropy controller is not supported by RPGTrainer; "
-                                              "use a static entropy_coef")
         if self.importance_sampling_level not in ("token", "sequence"):
             bad("importance_sampling_level", self.importance_sampling_level, "choose 'token' or 'sequence'")
 
@@ -274,7 +296,40 @@ class RPGConfig(GRPOConfig):
             return args
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
         values["generation_batch_size"] = None
+        # GRPO's meaning of epsilon_high=None (symmetric trust region) is kept
+        if values.get("epsilon_high") is None:
+            values["epsilon_high"] = values["epsilon"]
         return cls(**values)
+
+
+def as_rpg_config(args, model) -> RPGConfig:
+    """The `RPGConfig` a trainer runs with: `args` itself, a `GRPOConfig` upgraded (GRPO fields keep their values,
+    RPG fields get RPG defaults), or, for `args=None`, defaults with an output directory named after the model."""
+    if args is None:
+        name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
+        return RPGConfig(f"{str(name).rstrip('/').split('/')[-1]}-RPG")
+    if isinstance(args, RPGConfig):
+        return args
+    if not isinstance(args, GRPOConfig):
+        raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
+    return RPGConfig.from_grpo_config(args)
+
+
+#: The paper's trust region (eps_low, eps_high): RPGConfig's default when neither width is set.
+PAPER_CLIP_WIDTHS = (0.2, 0.28)
+
+
+def resolve_clip_widths(epsilon: float | None, epsilon_high: float | None) -> tuple[float, float]:
+    """The trust region `(eps_low, eps_high)` from the two config fields (None = not set).
+
+    Neither set: the paper's (0.2, 0.28). Only `epsilon` set: symmetric, `(epsilon, epsilon)`, as a GRPO user who
+    sets only `epsilon` expects. Only `epsilon_high` set: `(0.2, epsilon_high)`. Both set: as given.
+    """
+    if epsilon is None and epsilon_high is None:
+        return PAPER_CLIP_WIDTHS
+    if epsilon is None:
+        return PAPER_CLIP_WIDTHS[0], epsilon_high
+    return epsilon, epsilon if epsilon_high is None else epsilon_high
 
 
 def _finite(x) -> bool:
@@ -283,3 +338,50 @@ def _finite(x) -> bool:
 
 def _positive_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _expected_num_processes() -> int:
+    """The process count TRL's check will use (`TrainingArguments.world_size`), known before the arguments set up the
+    devices: an accelerate state already in place, else the launcher's `WORLD_SIZE`, else 1."""
+    import os
+
+    from accelerate.state import PartialState
+
+    if PartialState._shared_state:
+        return PartialState().num_processes
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _check_generation_batch(args) -> None:
+    """Refuse a generation batch that does not hold whole prompt groups, as `GRPOConfig.__post_init__` would, but
+    say where its size comes from and what to change: TRL computes it as `per_device_train_batch_size x
+    steps_per_generation x processes`, and RPG sets `steps_per_generation = rpg_generation_reuse x
+    gradient_accumulation_steps` by default. A `generation_batch_size` the user set is left to TRL's own message."""
+    if args.generation_batch_size is not None or args.steps_per_generation is None or not _positive_int(
+            args.num_generations):
+        return
+    processes = _expected_num_processes()
+    per_device, steps, groups = args.per_device_train_batch_size, args.steps_per_generation, args.num_generations
+    batch = per_device * steps * processes
+    if batch % groups == 0:
+        return
+    accumulation = args.gradient_accumulation_steps
+    if args.num_iterations == 1 and steps == args.rpg_generation_reuse * accumulation:
+        steps_text = (f"steps_per_generation {steps} (= rpg_generation_reuse {args.rpg_generation_reuse} x "
+                      f"gradient_accumulation_steps {accumulation})")
+    else:
+        steps_text = f"steps_per_generation {steps}"
+    divisors = [d for d in range(2, batch + 1) if batch % d == 0][:6]
+    per_device_step = groups // math.gcd(groups, steps * processes)
+    fixes = [f"per_device_train_batch_size to a multiple of {per_device_step}"]
+    if divisors:
+        fixes.append(f"num_generations to a divisor of {batch} ({', '.join(map(str, divisors))})")
+    if args.num_iterations == 1 and steps == args.rpg_generation_reuse * accumulation:
+        reuse_step = groups // math.gcd(groups, per_device * accumulation * processes)
+        fixes.append(f"rpg_generation_reuse to a multiple of {reuse_step}")
+    raise ValueError(
+        f"RPGConfig: the generation batch of {batch} completions = per_device_train_batch_size {per_device} x "
+        f"{steps_text} x {processes} process(es) is not a multiple of num_generations ({groups}), so it cannot hold "
+        f"whole groups of {groups} completions per prompt (TRL: `generation_batch_size ({batch}) must be divisible by "
+        f"num_generations ({groups})`). To fix it, set {', or '.join(fixes)}."
+    )

@@ -5,9 +5,9 @@ non-binary score) has advantage 0 everywhere and carries no policy-gradient sign
 `RPGConfig.dynamic_sampling=True`) removes such groups after scoring, generates more prompts until the generation
 batch again holds the configured number of groups, and trains on that batch as usual.
 
-This module holds the parts that need no trainer: the group filter, the bookkeeping across generation rounds, the
-plan that assigns kept rows to processes, the padding-aware merge of TRL generation-batch dicts, and the extra prompt
-stream. `RPGTrainer._rpg_dynamic_sampling` runs the collectives (generation, reward gather, row exchange).
+This module holds the group filter, the bookkeeping across generation rounds, the plan that assigns kept rows to
+processes, the extra prompt stream, and the round loop itself (`DynamicSampler.collect`), which the trainer calls
+with its generation-and-scoring function and its collectives (`trl_rpg.batch` regroups the rows).
 
 Layout conventions (TRL 1.16): a generation batch has `B` rows per process and `W` processes; in the global order
 (rank 0's rows, then rank 1's, ...) every prompt occupies `G = num_generations` consecutive rows, so group `g` is
@@ -23,26 +23,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+
+from .batch import (
+    COMPLETION_FIELDS,
+    PROMPT_FIELDS,
+    ROW_FIELDS,
+    merge_rows,
+    num_rows,
+    select_rows,
+    to_device,
+    unknown_fields,
+)
 
 #: Key of the dynamic-sampling state in `TrainerState.stateful_callbacks` (saved in `trainer_state.json`).
 STATE_KEY = "RPGDynamicSampling"
 
 #: Relative tolerance of "zero variance": a group is constant when max - min <= RTOL * max(1, max |reward|).
 RTOL = 1e-6
-
-#: Generation-batch fields aligned with the (left-padded) prompt, and their padding value (None: the pad token).
-PROMPT_FIELDS = {"prompt_ids": None, "prompt_mask": 0}
-#: Generation-batch fields aligned with the (right-padded) completion, and their padding value.
-COMPLETION_FIELDS = {
-    "completion_ids": None, "completion_mask": 0, "tool_mask": 1, "old_per_token_logps": 0.0,
-    "sampling_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "importance_sampling_ratio": 1.0,
-}
-#: One value per row.
-ROW_FIELDS = ("advantages",)
-#: Batch-level values, recomputed after assembly.
-RECOMPUTED_FIELDS = ("num_items_in_batch",)
-
 
 # ------------------------------------------------------------------------------------------------------------------
 # The group filter
@@ -109,81 +106,16 @@ def group_reward_signal(
     return ~constant, spread.float()
 
 
-# ------------------------------------------------------------------------------------------------------------------
-# Generation-batch dicts: select rows, merge with re-padding, move
-# ------------------------------------------------------------------------------------------------------------------
-
-
 def _check_fields(batch: dict[str, Any], rows: int) -> None:
-    known = set(PROMPT_FIELDS) | set(COMPLETION_FIELDS) | set(ROW_FIELDS) | set(RECOMPUTED_FIELDS)
-    for key, value in batch.items():
-        if key in known or value is None:
-            continue
-        if isinstance(value, torch.Tensor) and value.dim() == 0:
-            continue  # batch-level scalar (e.g. a version tag): kept as is
+    unknown = unknown_fields(batch)
+    if unknown:
         raise NotImplementedError(
-            f"dynamic_sampling cannot regroup the generation-batch field {key!r} (multimodal inputs and fields added "
-            f"by other trainer extensions are not supported yet); disable dynamic_sampling for this setup.")
+            f"dynamic_sampling cannot regroup the generation-batch field {unknown[0]!r} (multimodal inputs and fields "
+            "added by other trainer extensions are not supported yet); disable dynamic_sampling for this setup.")
     for key in (*PROMPT_FIELDS, *COMPLETION_FIELDS, *ROW_FIELDS):
         value = batch.get(key)
         if value is not None and value.size(0) != rows:
             raise ValueError(f"Generation-batch field {key!r} has {value.size(0)} rows, expected {rows}.")
-
-
-def select_rows(batch: dict[str, Any], index: Sequence[int]) -> dict[str, Any]:
-    """The rows `index` of a generation-batch dict (batch-level scalars kept, recomputed fields dropped)."""
-    out = {}
-    for key, value in batch.items():
-        if key in RECOMPUTED_FIELDS or value is None:
-            continue
-        if isinstance(value, torch.Tensor) and value.dim() == 0:
-            out[key] = value
-        else:
-            out[key] = value[torch.as_tensor(list(index), dtype=torch.long, device=value.device)]
-    return out
-
-
-def merge_rows(parts: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
-    """Concatenate generation-batch dicts along rows, re-padding prompts on the left and completions on the right.
-
-    Extra left padding shifts a prompt's absolute positions uniformly; with rotary position embeddings (Qwen, Llama
-    and the other models RPG targets) the log-probs, and so the stored sampling log-probs, are unchanged up to float
-    rounding. Models with absolute position embeddings would see different log-probs for re-padded rows.
-    """
-    parts = [p for p in parts if p and _rows(p) > 0]
-    if not parts:
-        raise ValueError("Nothing to merge.")
-    keys = list(parts[0])
-    for p in parts[1:]:
-        if set(p) != set(keys):
-            raise ValueError(f"Generation batches with different fields cannot be merged: {sorted(keys)} vs "
-                             f"{sorted(p)}.")
-    out = {}
-    for key in keys:
-        values = [p[key] for p in parts]
-        if values[0].dim() == 0:
-            out[key] = values[0]
-            continue
-        if key in PROMPT_FIELDS or key in COMPLETION_FIELDS:
-            pad_value = PROMPT_FIELDS.get(key, COMPLETION_FIELDS.get(key))
-            pad_value = pad_token_id if pad_value is None else pad_value
-            width = max(v.size(1) for v in values)
-            left = key in PROMPT_FIELDS
-            values = [F.pad(v, (width - v.size(1), 0) if left else (0, width - v.size(1)), value=pad_value)
-                      for v in values]
-        out[key] = torch.cat(values, dim=0)
-    return out
-
-
-def _rows(batch: dict[str, Any]) -> int:
-    for key in (*PROMPT_FIELDS, *COMPLETION_FIELDS, *ROW_FIELDS):
-        if batch.get(key) is not None:
-            return batch[key].size(0)
-    raise ValueError(f"Generation batch without row fields: {sorted(batch)}.")
-
-
-def to_device(batch: dict[str, Any], device) -> dict[str, Any]:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -342,8 +274,8 @@ class RoundBuffer:
                 parts.append(to_device(incoming[src][self.rank], device) if device is not None
                              else incoming[src][self.rank])
         merged = merge_rows(parts, pad_token_id)
-        if _rows(merged) != self.B:
-            raise RuntimeError(f"Assembled {_rows(merged)} rows, expected {self.B}.")
+        if num_rows(merged) != self.B:
+            raise RuntimeError(f"Assembled {num_rows(merged)} rows, expected {self.B}.")
         return merged, selected, mine
 
 
@@ -473,6 +405,133 @@ class PromptStream:
         return epoch_, pos, it
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# The round loop
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Collectives:
+    """What the round loop needs from the distributed setup (every process calls each of these together)."""
+
+    world_size: int
+    rank: int
+    device: Any
+    gather_object: Callable[[Any], list]  # all-gather of one Python object per process
+    sum_over_processes: Callable[[torch.Tensor], torch.Tensor]
+
+
+class DynamicSampler:
+    """Assembles training batches whose groups all carry a learning signal (RPGConfig `dynamic_sampling`).
+
+    `collect` generates and scores rounds of prompts (the batch TRL handed over, then prompts from a seeded stream),
+    keeps the groups whose rewards vary (judged on `metric`: one reward function's column, or the weighted total),
+    until `generation_batch_size / num_generations` groups are kept or `max_rounds` rounds are spent, then gives each
+    process `len(inputs)` rows of them. Every decision is taken from rewards gathered over all processes, so all
+    processes run the same rounds and the same collectives.
+    """
+
+    def __init__(self, *, num_generations: int, max_rounds: int, on_exhausted: str, metric: str | None,
+                 reward_func_names: Sequence[str], reward_weights: torch.Tensor, aggregation: str, pad_token_id: int,
+                 dataset, seed: int, shuffle: bool, collectives: Collectives):
+        if metric is not None and metric not in reward_func_names:
+            raise ValueError(f"RPGConfig: `dynamic_sampling_metric`={metric!r} is not allowed; choose the name of "
+                             f"one reward function, one of {list(reward_func_names)}, or None for the weighted total.")
+        self.G = num_generations
+        self.max_rounds = max_rounds
+        self.fill = on_exhausted == "train"
+        self.column = None if metric is None else list(reward_func_names).index(metric)
+        self.weights = reward_weights
+        self.aggregation = aggregation
+        self.pad_token_id = pad_token_id
+        self.dataset, self.seed, self.shuffle = dataset, seed, shuffle
+        self.comm = collectives
+        self._streams: dict[int, PromptStream] = {}
+
+    def signal(self, rewards_per_func: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`group_reward_signal` on the metric's rewards."""
+        if self.column is None:
+            return group_reward_signal(rewards_per_func, self.weights, self.G, self.aggregation)
+        rewards = rewards_per_func[:, self.column:self.column + 1]
+        return group_reward_signal(rewards, torch.ones(1), self.G, "sum_then_normalize")
+
+    def stream(self, local_batch_size: int) -> PromptStream:
+        if local_batch_size not in self._streams:
+            self._streams[local_batch_size] = PromptStream(
+                self.dataset, self.seed, self.shuffle, self.G, local_batch_size, self.comm.world_size, self.comm.rank)
+        return self._streams[local_batch_size]
+
+    def collect(self, inputs: list[dict], generate_and_score: Callable, state: dict
+                ) -> tuple[dict[str, Any], dict, dict[str, float], list[torch.Tensor]]:
+        """One training batch.
+
+        Args:
+            inputs: this process's rows of the batch TRL handed over (the first round).
+            generate_and_score: `rows -> (generation batch, gathered rewards (N, F))`, TRL's generation and scoring.
+            state: the saved state (`prompts_drawn`, `exhausted_batches`).
+
+        Returns:
+            `(batch, new_state, stats, rewards)`: this process's training rows, the state to save, the
+            `dynamic_sampling/*` metrics (plus `rows_received` / `rows_sent`, this process's share of the exchange)
+            and the gathered rewards of every round. With `on_exhausted="raise"` an exhausted batch raises
+            `RuntimeError` (after `stats` are final: the caller is not called back).
+        """
+        B, W = len(inputs), self.comm.world_size
+        target = B * W // self.G
+        cursor = int(state.get("prompts_drawn", 0))
+        exhausted_total = int(state.get("exhausted_batches", 0))
+        buffer = RoundBuffer(target, self.G, B, W, self.comm.rank, fill=self.fill)
+        all_rewards = []
+        batch = inputs
+        for round_index in range(self.max_rounds):
+            if round_index > 0:
+                batch, cursor = self.stream(B).draw(cursor)
+            output, rewards = generate_and_score(batch)
+            if rewards.size(0) != B * W:
+                raise RuntimeError(f"dynamic_sampling expected the rewards of {B * W} completions, got "
+                                   f"{rewards.size(0)}.")
+            all_rewards.append(rewards)
+            informative, spread = self.signal(rewards)
+            buffer.add_round(output, informative, spread)
+            if buffer.full:
+                break
+        exhausted = not buffer.full
+        exhausted_total += int(exhausted)
+        new_state = {"prompts_drawn": cursor, "exhausted_batches": exhausted_total}
+        if exhausted and not self.fill:
+            stats = summary(buffer, [], exhausted)
+            raise DynamicSamplingExhausted(
+                f"Dynamic sampling: after {buffer.rounds_used} generation rounds (dynamic_sampling_max_rounds="
+                f"{self.max_rounds}) only {buffer.groups_informative} of the {target} groups a training batch needs "
+                f"have non-zero reward variance ({buffer.groups_generated} groups generated, "
+                f"{stats['frac_filtered']:.1%} filtered). Raise dynamic_sampling_max_rounds, check the reward "
+                f"functions, or set dynamic_sampling_on_exhausted='train' to train on the groups kept.",
+                stats=stats, state=new_state)
+
+        merged, selected, plan = buffer.assemble(
+            self.pad_token_id, lambda outgoing: self.comm.gather_object([outgoing]), device=self.comm.device)
+        loss_mask = merged["completion_mask"] if "tool_mask" not in merged else (
+            merged["completion_mask"] * merged["tool_mask"])
+        merged["num_items_in_batch"] = self.comm.sum_over_processes(loss_mask.sum())
+        stats = {**summary(buffer, selected, exhausted), "exhausted_total": float(exhausted_total),
+                 "rows_received": float(len(plan.receive)),
+                 "rows_sent": float(sum(len(v) for v in plan.send.values()))}
+        return merged, new_state, stats, all_rewards
+
+
+#: Statistics of `DynamicSampler.collect` that differ between processes (not logged as run metrics).
+PROCESS_LOCAL_STATS = ("rows_received", "rows_sent")
+
+
+class DynamicSamplingExhausted(RuntimeError):
+    """The rounds ran out with `dynamic_sampling_on_exhausted="raise"`; carries the batch's stats and state."""
+
+    def __init__(self, message: str, stats: dict[str, float], state: dict):
+        super().__init__(message)
+        self.stats = stats
+        self.state = state
+
+
 def summary(buffer: RoundBuffer, selected: Sequence[GroupRecord], exhausted: bool) -> dict[str, float]:
     """The `dynamic_sampling/*` metrics of one training batch."""
     generated = buffer.groups_generated
@@ -488,6 +547,16 @@ def summary(buffer: RoundBuffer, selected: Sequence[GroupRecord], exhausted: boo
 
 
 __all__ = [
-    "GroupRecord", "PromptStream", "RankPlan", "RoundBuffer", "STATE_KEY", "group_reward_signal", "merge_rows",
-    "plan_layout", "select_groups", "select_rows", "summary",
+    "STATE_KEY",
+    "Collectives",
+    "DynamicSampler",
+    "DynamicSamplingExhausted",
+    "GroupRecord",
+    "PromptStream",
+    "RankPlan",
+    "RoundBuffer",
+    "group_reward_signal",
+    "plan_layout",
+    "select_groups",
+    "summary",
 ]

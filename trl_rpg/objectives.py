@@ -1,6 +1,6 @@
 """RPG objectives: per-token surrogate losses whose gradient is exactly that of a KL-regularised objective.
 
-Torch only; nothing here imports TRL. The formulas follow ``rpg-math.md`` (sections 2 and 3), which restates
+Torch only; nothing here imports TRL. The formulas are those of ``docs/math.md`` (sections 2 and 3), which restates
 Zhang et al., "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning" (ICLR 2026,
 arXiv:2505.17508), Tables 1, 2 and 4, Proposition 4.1, Appendix F and Algorithms 1-2, with the sampling policy
 ``mu`` and the reference ``pi_ref`` decoupled.
@@ -13,163 +13,162 @@ Notation (per completion token)::
     A       = baselined reward advantage
 
 Every objective ``J = E_pi[A] - beta * D`` has an off-policy gradient of the form ``E_mu[Weight * grad logp]``
-with ``Weight = w * A + C_KL``. Each (divergence, estimator) pair is a small function registered by name in
-:data:`OBJECTIVES`; :func:`rpg_per_token_loss` validates the inputs, handles masking, non-finite values and
-numerics, and dispatches. A new variant is one function plus one decorator line.
+with ``Weight = w * A + beta * kl_weight``. The objectives are data: one :class:`Divergence` row per divergence (its
+value and its ``kl_weight``) in :data:`DIVERGENCE_TABLE`, and one body per estimator in :data:`ESTIMATOR_BODIES`;
+:data:`OBJECTIVES` holds every (divergence, estimator) pair derived from them, so adding a divergence is one row.
+:func:`rpg_per_token_loss` validates the inputs, handles masking, non-finite values and numerics, and dispatches.
 
 Numerics: all arithmetic runs in at least float32 (bfloat16/float16 inputs are upcast). Log-ratios are clamped to
 ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (= +-20, so ``w <= 4.9e8``) before any ``exp``; beyond the bound the
 ratio saturates and, for the fully differentiable estimators, its gradient through ``w`` is zero. With the bound,
 products such as ``w * log r`` stay below ~2e10, far from float32/bfloat16 overflow, so the loss and its gradient
-stay finite for any input log-ratio (tested up to |log w| = 80).
+stay finite for any input log-ratio (float32 ``exp`` overflows at ~88.7).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-
 __all__ = [
     "DIVERGENCES",
+    "DIVERGENCE_TABLE",
     "ESTIMATORS",
+    "ESTIMATOR_BODIES",
     "LOG_RATIO_BOUND",
     "OBJECTIVES",
+    "Divergence",
     "ObjectiveInputs",
     "divergence_value",
-    "register_objective",
     "rpg_per_token_loss",
 ]
-
-DIVERGENCES = ("fkl", "rkl", "ufkl", "urkl")
-ESTIMATORS = ("reinforce", "differentiable")
 
 #: Log-ratios (log w, log rho) are clamped to +-LOG_RATIO_BOUND before exponentiation.
 LOG_RATIO_BOUND = 20.0
 
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One row of the objective table (docs/math.md section 2).
+
+    ``value(w, log_r, rho)`` is a per-token quantity whose mean under mu estimates D; written so that, with the
+    gradient flowing through ``w`` and ``log r``, ``beta * value`` is also the fully differentiable KL surrogate
+    (Table 4 / Appendix F: constant terms do not change the gradient). ``kl_weight(w, log_r, rho)`` is the
+    REINFORCE weight's KL part divided by beta: ``Weight = w * A + beta * kl_weight`` (Tables 1-2, Eqs. F.1-F.5).
+    """
+
+    name: str
+    title: str
+    value: Callable[[Tensor, Tensor, Tensor], Tensor]
+    kl_weight: Callable[[Tensor, Tensor, Tensor], Tensor]
+    value_formula: str
+    weight_formula: str
+
+
+#: The four divergences. With rho = 1, UFKL's value is k3 = w - log w - 1 (why the paper calls k3 the
+#: unnormalised KL).
+DIVERGENCE_TABLE: tuple[Divergence, ...] = (
+    Divergence("fkl", "KL(pi_ref || pi_theta)",
+               value=lambda w, log_r, rho: -rho * log_r,
+               kl_weight=lambda w, log_r, rho: rho,
+               value_formula="-rho*log r", weight_formula="w*A + beta*rho"),
+    Divergence("ufkl", "UKL(pi_ref || pi_theta)",
+               value=lambda w, log_r, rho: -rho * log_r + w - rho,
+               kl_weight=lambda w, log_r, rho: rho - w,
+               value_formula="-rho*log r + w - rho", weight_formula="w*A - beta*(w - rho)"),
+    Divergence("rkl", "KL(pi_theta || pi_ref)",
+               value=lambda w, log_r, rho: w * log_r,
+               kl_weight=lambda w, log_r, rho: -w * (log_r + 1.0),
+               value_formula="w*log r", weight_formula="w*(A - beta*(log r + 1))"),
+    Divergence("urkl", "UKL(pi_theta || pi_ref)",
+               value=lambda w, log_r, rho: w * log_r + rho - w,
+               kl_weight=lambda w, log_r, rho: -w * log_r,
+               value_formula="w*log r + rho - w", weight_formula="w*(A - beta*log r)"),
+)
+_BY_NAME = {row.name: row for row in DIVERGENCE_TABLE}
+DIVERGENCES = tuple(_BY_NAME)
+
 
 @dataclass
 class ObjectiveInputs:
-    """Per-token quantities handed to a registered objective. All tensors are (B, T) in the compute dtype.
+    """Per-token quantities handed to an estimator body. All tensors are (B, T) in the compute dtype.
 
     ``logp``, ``log_w`` and ``w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are constants.
     ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with ``dual_clip_c`` possibly None.
     """
 
-    logp: torch.Tensor
-    log_w: torch.Tensor
-    w: torch.Tensor
-    log_rho: torch.Tensor
-    rho: torch.Tensor
-    adv: torch.Tensor
+    logp: Tensor
+    log_w: Tensor
+    w: Tensor
+    log_rho: Tensor
+    rho: Tensor
+    adv: Tensor
     beta: float
     clip: tuple[float, float, float | None] | None
 
     @property
-    def log_r(self) -> torch.Tensor:
+    def log_r(self) -> Tensor:
         """log(pi_theta / pi_ref) = log w - log rho (carries the gradient)."""
         return self.log_w - self.log_rho
 
 
-#: Registry of per-token objectives: (divergence, estimator) -> fn(ObjectiveInputs) -> (loss, clip_regions).
-#: ``clip_regions`` is a dict of boolean (B, T) tensors {"high", "low", "dual"} marking tokens in each
-#: zero-gradient region of the clip table, or None when clipping is off.
-OBJECTIVES: dict[tuple[str, str], Callable] = {}
-
-
-def register_objective(divergence: str, estimator: str):
-    """Decorator registering a per-token objective under ``(divergence, estimator)`` (verl's registry style)."""
-
-    def decorator(fn):
-        OBJECTIVES[(divergence, estimator)] = fn
-        return fn
-
-    return decorator
+def divergence_value(divergence: str, w: Tensor, log_r: Tensor, rho: Tensor) -> Tensor:
+    """Per-token estimate of the divergence D (its mean under mu estimates D); docs/math.md section 2."""
+    return _BY_NAME[divergence].value(w, log_r, rho)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Divergence values (rpg-math.md section 2, "Values of the divergence itself"). Each is a per-token quantity whose
-# mean under mu estimates D; written so that, with the gradient flowing through w and log r, beta times it is also
-# the fully differentiable KL surrogate (Table 4 / Appendix F; the constant terms do not change the gradient).
+# The two estimator bodies. Each returns (per-token loss, clip regions): the regions are boolean (B, T) masks
+# {"high", "low", "dual"} of tokens in a zero-gradient region of the clip table (None when clipping is off).
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _fkl_value(w, log_r, rho):
-    # KL(pi_ref || pi_theta) = E_mu[rho * log(pi_ref / pi_theta)]
-    return -rho * log_r
-
-
-def _ufkl_value(w, log_r, rho):
-    # UKL(pi_ref || pi_theta) = E_mu[-rho * log r + w - rho]; with rho = 1 this is k3 = w - log w - 1
-    return -rho * log_r + w - rho
-
-
-def _rkl_value(w, log_r, rho):
-    # KL(pi_theta || pi_ref) = E_mu[w * log r]
-    return w * log_r
-
-
-def _urkl_value(w, log_r, rho):
-    # UKL(pi_theta || pi_ref) = E_mu[w * log r + rho - w]
-    return w * log_r + rho - w
-
-
-_DIVERGENCE_VALUES = {"fkl": _fkl_value, "ufkl": _ufkl_value, "rkl": _rkl_value, "urkl": _urkl_value}
-
-
-def divergence_value(divergence: str, w: torch.Tensor, log_r: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    """Per-token estimate of the divergence D (its mean under mu estimates D); rpg-math.md section 2."""
-    return _DIVERGENCE_VALUES[divergence](w, log_r, rho)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Shared estimator bodies
-# --------------------------------------------------------------------------------------------------------------
-
-
-def _clip_log_w(x: ObjectiveInputs) -> torch.Tensor:
+def _clipped_log_w(x: ObjectiveInputs) -> Tensor:
     eps_low, eps_high, _ = x.clip
     lower = math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf
     return x.log_w.detach().clamp(min=lower, max=math.log1p(eps_high))
 
 
-def _reinforce(x: ObjectiveInputs, kl_weight: Callable) -> tuple[torch.Tensor, dict | None]:
+def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict | None]:
     """REINFORCE-style surrogate ``-SG(g) * logp`` (Proposition 4.1, Eq. F.2; with clip: Algorithm 2).
 
-    ``kl_weight(w, log_r)`` is the divergence's C_KL (rpg-math.md section 2, third column). Unclipped,
-    ``g = w * A + C_KL``. With RPG-Style Clip (rpg-math.md section 3) ``C_bar`` uses the clipped ratio
-    ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)`` (Remark F.2), the branch is on the sign of the effective advantage
-    ``A' = A + C_bar / w``, and tokens outside the trust region get ``g = 0``.
+    Unclipped, ``g = Weight = w * A + beta * kl_weight(w, log r)``. With RPG-Style Clip (docs/math.md section 3) the
+    KL part ``C_bar`` uses the clipped ratio ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)`` (Remark F.2), the branch
+    is on the sign of the effective advantage ``A' = A + C_bar / w``, and tokens outside the trust region get
+    ``g = 0``: ``A' >= 0, w >= 1 + eps_high``; ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``.
     """
     w = x.w.detach()
     if x.clip is None:
-        g = w * x.adv + kl_weight(w, x.log_r.detach())
+        g = w * x.adv + x.beta * divergence.kl_weight(w, x.log_r.detach(), x.rho)
         return -g * x.logp, None
 
     eps_low, eps_high, c = x.clip
-    log_w_bar = _clip_log_w(x)
-    w_bar = log_w_bar.exp()
-    c_bar = kl_weight(w_bar, log_w_bar - x.log_rho)
+    log_w_bar = _clipped_log_w(x)
+    c_bar = x.beta * divergence.kl_weight(log_w_bar.exp(), log_w_bar - x.log_rho, x.rho)
     effective_adv = x.adv + c_bar / w
     positive = effective_adv >= 0
     high = positive & (w >= 1.0 + eps_high)
     low = ~positive & (w <= 1.0 - eps_low)
     dual = ~positive & (w >= c) if c is not None else torch.zeros_like(positive)
-    zero = high | low | dual
-    g = torch.where(zero, torch.zeros_like(w), w * x.adv + c_bar)
-    return -g * x.logp, {"high": high, "low": low, "dual": dual}
+    g = torch.where(high | low | dual, torch.zeros_like(w), w * x.adv + c_bar)
+    # A' = 0 gives g = 0 in every branch; the regions (for the logged clip fractions) hold tokens with A' != 0 only
+    nonzero = effective_adv != 0
+    return -g * x.logp, {"high": high & nonzero, "low": low, "dual": dual}
 
 
-def _differentiable(x: ObjectiveInputs, divergence: str) -> tuple[torch.Tensor, dict | None]:
+def differentiable(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict | None]:
     """Fully differentiable surrogate ``-w * A + beta * D_hat(w, log r)`` (Table 4, Appendix F).
 
-    With clip (Algorithm 1, "RPG"): dual-clip PPO on the reward term, ``max(-w A, -clip(w) A)`` and for ``A < 0``
-    additionally ``min(., -c A)``; the KL term stays unclipped.
+    With clip (Algorithm 1, the paper's "RPG" runs): dual-clip PPO on the reward term, ``max(-w A, -clip(w) A)``
+    and for ``A < 0`` additionally ``min(., -c A)``; the KL term stays unclipped.
     """
-    kl = x.beta * divergence_value(divergence, x.w, x.log_r, x.rho)
+    kl = x.beta * divergence.value(x.w, x.log_r, x.rho)
     if x.clip is None:
         return -x.w * x.adv + kl, None
 
@@ -178,65 +177,37 @@ def _differentiable(x: ObjectiveInputs, divergence: str) -> tuple[torch.Tensor, 
     pg = torch.maximum(-x.w * x.adv, -w_clipped * x.adv)
     w = x.w.detach()
     negative = x.adv < 0
-    dual = negative & (w > c) if c is not None else torch.zeros_like(negative)
     if c is not None:
         pg = torch.where(negative, torch.minimum(pg, -c * x.adv), pg)
+        dual = negative & (w > c)
+    else:
+        dual = torch.zeros_like(negative)
     high = (x.adv > 0) & (w > 1.0 + eps_high)
     low = negative & (w < 1.0 - eps_low)
     return pg + kl, {"high": high, "low": low, "dual": dual}
 
 
-# --------------------------------------------------------------------------------------------------------------
-# The eight registered objectives. C_KL = Weight - w*A from rpg-math.md section 2 (paper Tables 1-2, F.1-F.5).
-# --------------------------------------------------------------------------------------------------------------
+#: Estimator name -> body(inputs, divergence row).
+ESTIMATOR_BODIES: dict[str, Callable[[ObjectiveInputs, Divergence], tuple[Tensor, dict | None]]] = {
+    "reinforce": reinforce,
+    "differentiable": differentiable,
+}
+ESTIMATORS = tuple(ESTIMATOR_BODIES)
 
 
-@register_objective("fkl", "reinforce")
-def fkl_reinforce(x: ObjectiveInputs):
-    """Forward KL(pi_ref || pi_theta), REINFORCE-style: Weight = w*A + beta*rho."""
-    return _reinforce(x, lambda w, log_r: x.beta * x.rho)
+def _objective(divergence: Divergence, estimator: str) -> Callable[[ObjectiveInputs], tuple[Tensor, dict | None]]:
+    body = functools.partial(ESTIMATOR_BODIES[estimator], divergence=divergence)
+    surrogate = ("-SG(Weight) * logp" if estimator == "reinforce"
+                 else f"-w*A + beta*({divergence.value_formula})")
+    body.__doc__ = (f"{divergence.title} ({divergence.name}), {estimator}: loss {surrogate} with Weight = "
+                    f"{divergence.weight_formula} (docs/math.md section 2).")
+    return body
 
 
-@register_objective("ufkl", "reinforce")
-def ufkl_reinforce(x: ObjectiveInputs):
-    """Unnormalised forward KL, REINFORCE-style: Weight = w*A - beta*(w - rho)."""
-    return _reinforce(x, lambda w, log_r: x.beta * (x.rho - w))
-
-
-@register_objective("rkl", "reinforce")
-def rkl_reinforce(x: ObjectiveInputs):
-    """Reverse KL(pi_theta || pi_ref), REINFORCE-style: Weight = w*(A - beta*(log r + 1))."""
-    return _reinforce(x, lambda w, log_r: -x.beta * w * (log_r + 1.0))
-
-
-@register_objective("urkl", "reinforce")
-def urkl_reinforce(x: ObjectiveInputs):
-    """Unnormalised reverse KL, REINFORCE-style: Weight = w*(A - beta*log r). The paper's RPG-REINFORCE-URKL."""
-    return _reinforce(x, lambda w, log_r: -x.beta * w * log_r)
-
-
-@register_objective("fkl", "differentiable")
-def fkl_differentiable(x: ObjectiveInputs):
-    """Forward KL, fully differentiable: -w*A - beta*rho*log r (gradient of -beta*rho*logp)."""
-    return _differentiable(x, "fkl")
-
-
-@register_objective("ufkl", "differentiable")
-def ufkl_differentiable(x: ObjectiveInputs):
-    """Unnormalised forward KL, fully differentiable: -w*A + beta*(w - rho*log r - rho)."""
-    return _differentiable(x, "ufkl")
-
-
-@register_objective("rkl", "differentiable")
-def rkl_differentiable(x: ObjectiveInputs):
-    """Reverse KL, fully differentiable: w*(-A + beta*log r)."""
-    return _differentiable(x, "rkl")
-
-
-@register_objective("urkl", "differentiable")
-def urkl_differentiable(x: ObjectiveInputs):
-    """Unnormalised reverse KL, fully differentiable: -w*A + beta*(w*log r + rho - w)."""
-    return _differentiable(x, "urkl")
+#: (divergence, estimator) -> fn(ObjectiveInputs) -> (per-token loss, clip regions), derived from the table.
+OBJECTIVES: dict[tuple[str, str], Callable] = {
+    (row.name, estimator): _objective(row, estimator) for row in DIVERGENCE_TABLE for estimator in ESTIMATORS
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -266,12 +237,13 @@ def _validate(logps, sampling_logps, advantages, mask, ref_logps, divergence, es
     if estimator not in ESTIMATORS:
         raise ValueError(f"`estimator` must be one of {list(ESTIMATORS)}, got {estimator!r}.")
     _check_number("beta", beta, 0.0)
+    # A zero clip width would put w = 1 itself on the clip boundary (no gradient on-policy): widths must be > 0.
     if eps_lo is not None:
-        _check_number("epsilon_low", eps_lo, 0.0)
+        _check_number("epsilon_low", eps_lo, 0.0, strict=True)
     if eps_hi is not None:
         if eps_lo is None:
             raise ValueError("`epsilon_high` requires `epsilon_low` (clipping is on only when `epsilon_low` is set).")
-        _check_number("epsilon_high", eps_hi, 0.0)
+        _check_number("epsilon_high", eps_hi, 0.0, strict=True)
     if c is not None:
         if eps_lo is None:
             raise ValueError("`dual_clip_c` requires `epsilon_low`: the dual-clip bound is part of RPG-Style Clip.")
@@ -290,6 +262,30 @@ def _validate(logps, sampling_logps, advantages, mask, ref_logps, divergence, es
     if tuple(advantages.shape) not in allowed:
         raise ValueError(f"`advantages` must have shape (B,), (B, 1) or (B, T) = one of {allowed}, got "
                          f"{tuple(advantages.shape)}.")
+
+
+def _clip_statistics(regions: dict | None, valid: Tensor, dtype: torch.dtype) -> dict[str, Tensor]:
+    """Fractions of valid tokens in each zero-gradient region, over the batch and per sequence (for TRL's
+    `clip_ratio/low_min` and `clip_ratio/high_max`: sequences without valid tokens are left out, NaN if none)."""
+    zero = torch.zeros((), dtype=dtype, device=valid.device)
+    if regions is None:
+        return {"clip_frac_high": zero, "clip_frac_low": zero, "clip_frac_dual": zero,
+                "clip_frac_low_seq_min": zero, "clip_frac_high_seq_max": zero}
+    validf = valid.to(dtype)
+    tokens = validf.sum().clamp(min=1.0)
+    per_seq_tokens = validf.sum(-1)
+    has_tokens = per_seq_tokens > 0
+
+    def seq_fraction(region):
+        return (region & valid).to(dtype).sum(-1) / per_seq_tokens.clamp(min=1.0)
+
+    nan = torch.full((), math.nan, dtype=dtype, device=valid.device)
+    low_seq, high_seq = seq_fraction(regions["low"]), seq_fraction(regions["high"])
+    return {
+        **{f"clip_frac_{k}": (regions[k] & valid).to(dtype).sum() / tokens for k in ("high", "low", "dual")},
+        "clip_frac_low_seq_min": low_seq[has_tokens].min() if has_tokens.any() else nan,
+        "clip_frac_high_seq_max": high_seq[has_tokens].max() if has_tokens.any() else nan,
+    }
 
 
 def rpg_per_token_loss(
@@ -314,11 +310,12 @@ def rpg_per_token_loss(
         advantages: (B,), (B, 1) or (B, T) baselined advantages A.
         mask: (B, T) floating-point mask, used as an indicator: tokens where it is 0 get loss exactly 0.
         ref_logps: (B, T) reference log-probs; None means the reference is the sampling policy (rho = 1).
-        divergence: "fkl" | "rkl" | "ufkl" | "urkl" (rpg-math.md section 2).
+        divergence: "fkl" | "rkl" | "ufkl" | "urkl" (docs/math.md section 2).
         estimator: "reinforce" (stop-gradient surrogate) | "differentiable" (gradient through w).
         beta: KL coefficient, >= 0.
-        epsilon_low: None disables clipping; else RPG-Style Clip with trust region [1 - eps_low, 1 + eps_high].
-        epsilon_high: upper clip width; defaults to ``epsilon_low`` when clipping is on.
+        epsilon_low: None disables clipping; else RPG-Style Clip with trust region [1 - eps_low, 1 + eps_high]
+            (> 0: with a zero width, w = 1 would lie on the clip boundary and on-policy tokens would get no gradient).
+        epsilon_high: upper clip width (> 0); defaults to ``epsilon_low`` when clipping is on.
         dual_clip_c: dual-clip bound c > 1 for negative (effective) advantages; None for no bound.
 
     Returns:
@@ -326,6 +323,7 @@ def rpg_per_token_loss(
         tokens; aggregation (token-mean, sequence-mean...) is the caller's. ``stats`` holds detached scalars:
         ``divergence`` (masked mean of the divergence estimate), ``w_mean``, ``w_max``, ``clip_frac_high``,
         ``clip_frac_low``, ``clip_frac_dual`` (fractions of valid tokens in each zero-gradient region),
+        ``clip_frac_low_seq_min`` / ``clip_frac_high_seq_max`` (the smallest / largest per-sequence fraction),
         ``valid_tokens`` and ``excluded_tokens`` (masked tokens dropped because a sampling/reference log-prob or
         an advantage was NaN or infinite).
     """
@@ -360,8 +358,7 @@ def rpg_per_token_loss(
     if logref is None:
         log_rho = zeros
     else:
-        log_rho = torch.where(valid, logref, zeros) - logmu
-        log_rho = log_rho.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        log_rho = (torch.where(valid, logref, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     inputs = ObjectiveInputs(
         logp=logp_safe, log_w=log_w, w=log_w.exp(), log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
         clip=clip,
@@ -374,17 +371,11 @@ def rpg_per_token_loss(
         denom = n_valid.clamp(min=1).to(dtype)
         validf = valid.to(dtype)
         w = inputs.w.detach()
-
-        def frac(region):
-            return (region & valid).to(dtype).sum() / denom if region is not None else zeros.sum()
-
         stats = {
             "divergence": (divergence_value(divergence, w, inputs.log_r.detach(), inputs.rho) * validf).sum() / denom,
             "w_mean": (w * validf).sum() / denom,
             "w_max": torch.where(valid, w, zeros).amax() if w.numel() else zeros.sum(),
-            "clip_frac_high": frac(regions["high"] if regions else None),
-            "clip_frac_low": frac(regions["low"] if regions else None),
-            "clip_frac_dual": frac(regions["dual"] if regions else None),
+            **_clip_statistics(regions, valid, dtype),
             "valid_tokens": n_valid.to(dtype),
             "excluded_tokens": (in_mask & ~finite).sum().to(dtype),
         }

@@ -5,7 +5,7 @@ Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_scrip
     model_dir      local model directory (tests/_tiny.py `save_tiny_model`)
     output_dir     trainer output directory
     result         path of the JSON result file; each rank writes `<result>.rank<R>.json`
-    gather_numel   optional: trl_rpg.trainer.ZERO3_GATHER_NUMEL (elements gathered at once under ZeRO-3)
+    gather_numel   optional: trl_rpg.checkpoint.ZERO3_GATHER_NUMEL (elements gathered at once under ZeRO-3)
     runs           list of runs trained one after the other in this process; each run is a dict with
         name                 key of the run in the result file
         peft                 train a LoRA adapter instead of the full model
@@ -113,7 +113,7 @@ def reference_probe(trainer) -> list[float] | None:
     prompt, completion = probe_inputs(trainer.processing_class, trainer.accelerator.device)
     inputs = {"prompt_ids": prompt, "completion_ids": completion, "prompt_mask": torch.ones_like(prompt),
               "completion_mask": torch.ones_like(completion)}
-    return trainer._rpg_reference_logps(inputs, completion.size(1))[0].float().cpu().tolist()
+    return trainer.reference.logps(inputs, completion.size(1))[0].float().cpu().tolist()
 
 
 class Recorder(TrainerCallback):
@@ -133,7 +133,7 @@ class Recorder(TrainerCallback):
         if self.probe:
             self.probes.append({"step": step, "policy": policy_probe(self.trainer),
                                 "reference": reference_probe(self.trainer),
-                                "reference_updates": self.trainer._rpg_ref_updates})
+                                "reference_updates": self.trainer.reference.updates})
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._probe(state.global_step)
@@ -174,7 +174,7 @@ def run_one(spec, run, model_dir):
         else None,
         "num_processes": trainer.accelerator.num_processes,
         "partitions": recorder.partitions,
-        "reference_updates": trainer._rpg_ref_updates,
+        "reference_updates": trainer.reference.updates,
         "probes": recorder.probes,
         "final_policy_probe": policy_probe(trainer),
         "peft": bool(run.get("peft")),
@@ -189,9 +189,9 @@ def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     if spec.get("gather_numel"):
-        import trl_rpg.trainer
+        import trl_rpg.checkpoint
 
-        trl_rpg.trainer.ZERO3_GATHER_NUMEL = spec["gather_numel"]
+        trl_rpg.checkpoint.ZERO3_GATHER_NUMEL = spec["gather_numel"]
     results = {}
     for run in spec["runs"]:
         results[run["name"]] = run_one(spec, run, spec["model_dir"])

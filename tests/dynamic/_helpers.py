@@ -42,6 +42,16 @@ class RecordingTrainer(RPGTrainer):
         super().__init__(*args, **kwargs)
         self.reward = reward
         self.batches = []
+        self.collect_stats = None  # the statistics DynamicSampler.collect returned for the last batch
+        if self.dynamic_sampler is not None:
+            collect = self.dynamic_sampler.collect
+
+            def recording_collect(*args, **kwargs):
+                result = collect(*args, **kwargs)
+                self.collect_stats = result[2]
+                return result
+
+            self.dynamic_sampler.collect = recording_collect
 
     def _generate_and_score_completions(self, inputs):
         first_call = len(self.reward.calls)
@@ -59,7 +69,7 @@ class RecordingTrainer(RPGTrainer):
                 "num_items_in_batch": float(output["num_items_in_batch"]),
                 "completion_tokens": float(output["completion_mask"].sum()),
                 "calls": self.reward.calls[first_call:],
-                "stats": dict(getattr(self, "_rpg_dynamic_sampling_last", {}) or {}),
+                "stats": dict(self.collect_stats or {}),
             })
         return output
 

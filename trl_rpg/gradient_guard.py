@@ -1,0 +1,38 @@
+"""The non-finite-gradient guard: an optimizer step whose gradient norm is NaN or inf is skipped and counted.
+
+The guard reads the total gradient norm that `Trainer` computes before every optimizer step (for clipping, or
+for logging when clipping is off), so it costs no extra pass over the gradients. Reading the norm, not the
+gradient elements, also catches a gradient whose elements are all finite but whose norm overflows (clipping would
+then scale it to zeros, and AdamW would still move the parameters on stale momentum). Skipping sets every gradient
+to None: torch optimizers leave parameters without a gradient, and their state, untouched.
+
+Not applied, on purpose:
+- with a gradient scaler (fp16 mixed precision): an overflowing fp16 step is ordinary, and the scaler already skips
+  it and lowers its scale (it must see the inf to do so);
+- under DeepSpeed, which owns the gradients: its fp16 loss scaler skips overflowing steps; in bf16/fp32 DeepSpeed
+  does not skip them (see README, "Reliability").
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def should_skip(grad_norm, deepspeed: bool, has_scaler: bool) -> bool:
+    """Whether the optimizer step with total gradient norm `grad_norm` must be skipped."""
+    if deepspeed or has_scaler or grad_norm is None:
+        return False
+    value = grad_norm.item() if isinstance(grad_norm, torch.Tensor) else float(grad_norm)
+    return not math.isfinite(value)
+
+
+def drop_gradients(model: nn.Module) -> None:
+    """Make the coming optimizer step a no-op: no parameter has a gradient."""
+    for param in model.parameters():
+        param.grad = None
+
+
+__all__ = ["drop_gradients", "should_skip"]

@@ -1,0 +1,142 @@
+"""From RPG's per-token loss to the scalar the trainer backpropagates, and the metrics it logs.
+
+`trl_rpg.objectives` computes the per-token loss; this module holds the trainer-side pieces around it, each as
+TRL 1.16's `GRPOTrainer._compute_loss` defines it, so that with `beta = 0`, the differentiable estimator and no
+dual clip an RPG run trains exactly as a GRPO run (tests/test_grpo_equivalence.py):
+
+- `sequence_level_logps`: GSPO-style ratios (`importance_sampling_level="sequence"`);
+- `aggregate`: the `loss_type` aggregations and their gradient-accumulation normalisation;
+- `entropy_bonus` and `next_entropy_coef`: TRL's static and adaptive entropy bonus;
+- `MetricSums` / `metrics`: what is logged, under `rpg/` and under TRL's own names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: `loss_type`s whose normalisation is per micro-batch, divided by the gradient-accumulation steps.
+PER_MICRO_BATCH = ("grpo", "bnpo", "dr_grpo")
+
+
+def sequence_level_logps(per_token_logps: torch.Tensor, sampling_logps: torch.Tensor,
+                         mask: torch.Tensor) -> torch.Tensor:
+    """Log-probs whose ratio to the sampler is, at every token, the sequence's length-normalised ratio (GSPO):
+    `log w_seq = sum_t mask * (logp - logmu) / sum_t mask`, returned as `logmu + log w_seq`."""
+    diff = torch.nan_to_num(per_token_logps - sampling_logps, nan=0.0) * mask
+    log_w_seq = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return sampling_logps + log_w_seq
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How `loss_type` turns a per-token loss into the micro-batch loss (TRL 1.16's normalisations)."""
+
+    loss_type: str
+    accumulation_steps: int  # current gradient-accumulation steps in training, 1 in evaluation
+    steps_per_generation: int
+    num_processes: int
+    max_completion_length: int
+    training: bool
+
+
+def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, how: Aggregation,
+              num_items_in_batch: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The micro-batch loss to backpropagate, and the policy loss TRL logs as `policy_loss`.
+
+    - `"grpo"`: mean over sequences of the per-sequence token mean; `"bnpo"`: token mean over the micro-batch;
+      `"dr_grpo"`: sum / (rows x max_completion_length). Each divided by the accumulation steps in training (the
+      logged policy loss is the undivided value).
+    - `"dapo"`: sum / the completion tokens of one accumulation window over all processes:
+      `num_items_in_batch` (the tokens of the whole generation batch) / processes x accumulation / steps per
+      generation in training, / processes in evaluation.
+    """
+    masked = per_token_loss * mask
+    if how.loss_type == "dapo":
+        normalizer = num_items_in_batch.clamp(min=1.0) / how.num_processes
+        if how.training:
+            normalizer = normalizer * how.accumulation_steps / how.steps_per_generation
+        loss = masked.sum() / normalizer
+        return loss, loss.detach()
+    if how.loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif how.loss_type == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif how.loss_type == "dr_grpo":
+        loss = masked.sum() / (per_token_loss.size(0) * how.max_completion_length)
+    else:
+        raise ValueError(f"Unknown aggregation loss_type {how.loss_type!r}.")
+    return loss / how.accumulation_steps, loss.detach()
+
+
+def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: float, accumulation_steps: int) -> torch.Tensor:
+    """The term added to the loss: `-coef * mean entropy over mask / accumulation steps` (TRL's entropy bonus:
+    the mean is over the tokens the bonus acts on, never the loss type's normaliser)."""
+    entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+    return -coef * entropy / accumulation_steps
+
+
+def next_entropy_coef(coef: float, world_entropy: float, target: float, delta: float, lowest: float,
+                      highest: float) -> float:
+    """TRL's adaptive entropy controller: raise the coefficient by `delta` while the entropy of the last optimizer
+    step is at or below `target`, lower it otherwise, within `[lowest, highest]`."""
+    if world_entropy <= target:
+        return min(coef + delta, highest)
+    return max(coef - delta, lowest)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Token-weighted statistics of `rpg_per_token_loss`, summed over processes before division by the token count.
+_WEIGHTED = ("divergence", "w_mean", "clip_frac_high", "clip_frac_low", "clip_frac_dual")
+
+
+def metric_sums(stats: dict[str, torch.Tensor], entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One vector of this process's sums, reduced (summed) over processes in one collective call:
+    token-weighted statistics, valid and excluded tokens, entropy sum and token count."""
+    n = stats["valid_tokens"]
+    return torch.stack([stats[k] * n for k in _WEIGHTED]
+                       + [n, stats["excluded_tokens"], (entropies.detach() * mask).sum(), mask.sum()]).float()
+
+
+def metrics(totals: torch.Tensor, w_max: float, low_seq_min: float, high_seq_max: float, log_kl: bool
+            ) -> dict[str, float]:
+    """What one micro-batch logs, from the process-summed `metric_sums` and the process extrema.
+
+    Under `rpg/`: `divergence` (the divergence estimate per valid token), `w_mean`, `w_max`, the fractions of valid
+    tokens in each zero-gradient region of the clip (`clip_frac_high`, `clip_frac_low`, `clip_frac_dual`) and
+    `excluded_tokens`. Under TRL's names, with their closest RPG meaning: `entropy`; `kl` (the divergence, when
+    beta > 0); `clip_ratio/high_mean`, `/low_mean`, `/region_mean` (the high, low and high-or-low region fractions),
+    `clip_ratio/low_min`, `/high_max` (the smallest per-sequence low fraction, the largest per-sequence high
+    fraction).
+    """
+    tokens = max(float(totals[len(_WEIGHTED)]), 1.0)
+    means = {key: float(totals[i]) / tokens for i, key in enumerate(_WEIGHTED)}
+    out = {f"rpg/{key}": value for key, value in means.items()}
+    out["rpg/w_max"] = w_max
+    out["rpg/excluded_tokens"] = float(totals[len(_WEIGHTED) + 1])
+    out["entropy"] = float(totals[-2]) / max(float(totals[-1]), 1.0)
+    if log_kl:
+        out["kl"] = means["divergence"]
+    out["clip_ratio/low_mean"] = means["clip_frac_low"]
+    out["clip_ratio/high_mean"] = means["clip_frac_high"]
+    out["clip_ratio/region_mean"] = means["clip_frac_low"] + means["clip_frac_high"]
+    out["clip_ratio/low_min"] = low_seq_min
+    out["clip_ratio/high_max"] = high_seq_max
+    return out
+
+
+def nan_extremum(values: torch.Tensor, largest: bool) -> float:
+    """max (or min) of `values` ignoring NaN; NaN when all are NaN (as TRL's nanmax/nanmin)."""
+    values = values[~torch.isnan(values)]
+    if values.numel() == 0:
+        return math.nan
+    return float(values.max() if largest else values.min())
+
+
+__all__ = ["Aggregation", "aggregate", "entropy_bonus", "metric_sums", "metrics", "nan_extremum",
+           "next_entropy_coef", "sequence_level_logps"]

@@ -1,0 +1,206 @@
+"""The reference policy pi_ref of an RPG run: which policy it is, its log-probs, and when it moves.
+
+`rpg_reference` (RPGConfig) chooses it (docs/math.md section 4):
+
+- `"sampling"`: the policy that sampled each generation batch. Its log-probs are the stored sampling log-probs, so
+  there is no reference model and no extra forward pass (rho = 1); TRL is told `beta = 0` so it builds none.
+- `"initial"`: the initial policy, fixed: TRL's reference model (with PEFT: the model with its adapter disabled).
+- `"periodic"` / `"adaptive"`: pi_ref <- pi_theta every `rpg_reference_update_steps` optimizer steps, or when the
+  moving average of the per-step divergence exceeds `rpg_reference_kl_target`. The copy lives in TRL's reference
+  model (full fine-tuning) or in a frozen copy of the LoRA adapter named "ref" (PEFT: TRL's `sync_ref_model`
+  refuses PEFT). Under ZeRO-3 the copy is made from gathered parameters a bounded group at a time.
+
+Every update bumps `version`. Generation batches are tagged with the version their reference log-probs were
+computed with; a batch reused after an update recomputes them, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import is_peft_model
+from torch import nn
+
+from . import _compat
+from .checkpoint import copy_parameters, gather_to_cpu, scatter_from_cpu
+
+#: Schedules whose reference moves during training (and is saved in checkpoints).
+MOVING = ("periodic", "adaptive")
+#: Name of the frozen adapter copy that holds a moving reference under PEFT.
+REFERENCE_ADAPTER = "ref"
+#: Key of the version tag in a generation batch.
+VERSION_KEY = "rpg_ref_version"
+
+
+@dataclass
+class AdaptiveTrigger:
+    """The `"adaptive"` schedule's controller: an exponential moving average of the per-optimizer-step divergence.
+
+    The divergence of one optimizer step is the token-weighted mean over its micro-batches (and processes); the
+    average is `decay * average + (1 - decay) * step_divergence` (the first step initialises it), and the reference
+    is due when the average exceeds `target`. An update restarts the average.
+    """
+
+    target: float
+    decay: float
+    average: float | None = None
+    _window_sum: float = 0.0
+    _window_tokens: float = 0.0
+
+    def record(self, divergence_sum: float, tokens: float) -> None:
+        """Add one micro-batch (summed over processes) to the current optimizer step."""
+        self._window_sum += divergence_sum
+        self._window_tokens += tokens
+
+    def end_step(self) -> float:
+        """Close the optimizer step: fold its divergence into the average; returns the average."""
+        step = self._window_sum / max(self._window_tokens, 1.0)
+        self.average = step if self.average is None else self.decay * self.average + (1 - self.decay) * step
+        self._window_sum = self._window_tokens = 0.0
+        return self.average
+
+    @property
+    def due(self) -> bool:
+        return self.average is not None and self.average > self.target
+
+
+class ReferencePolicy:
+    """pi_ref of one `RPGTrainer`: its log-probs for a batch, its schedule, its update, its checkpointed state."""
+
+    def __init__(self, trainer, schedule: str, update_steps: int | None = None, kl_target: float | None = None,
+                 kl_decay: float = 0.9):
+        self.trainer = trainer
+        self.schedule = schedule
+        self.update_steps = update_steps
+        self.version = 0  # bumped at each update; buffered reference log-probs of an older version are recomputed
+        self.updates = 0
+        self.trigger = AdaptiveTrigger(kl_target, kl_decay) if schedule == "adaptive" else None
+        if schedule in MOVING:
+            self._add_reference_adapter()
+
+    # -- which parameters hold it ---------------------------------------------------------------------------------
+
+    @property
+    def _policy(self) -> nn.Module:
+        return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def _add_reference_adapter(self) -> None:
+        """With PEFT, a moving reference is a frozen copy of the adapter, not a second model."""
+        model = self._policy
+        if not is_peft_model(model) or REFERENCE_ADAPTER in model.peft_config:
+            return
+        model.add_adapter(REFERENCE_ADAPTER, model.peft_config["default"])
+        for name, param in model.named_parameters():
+            if f".{REFERENCE_ADAPTER}." in name:
+                param.requires_grad_(False)
+        copy_parameters(*self._adapter_pairs())
+
+    def _adapter_pairs(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        named = dict(self._policy.named_parameters())
+        pairs = [(p, named[n.replace(".default.", f".{REFERENCE_ADAPTER}.")]) for n, p in named.items()
+                 if ".default." in n and n.replace(".default.", f".{REFERENCE_ADAPTER}.") in named]
+        return [s for s, _ in pairs], [t for _, t in pairs]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters that hold a moving reference: the reference model's, or the "ref" adapter's."""
+        if self.trainer.ref_model is not None:
+            return list(self.trainer.ref_model.named_parameters())
+        named = dict(self._policy.named_parameters())
+        return [(n, p) for n, p in named.items() if f".{REFERENCE_ADAPTER}." in n]
+
+    # -- log-probs --------------------------------------------------------------------------------------------------
+
+    def tag(self, batch: dict) -> dict:
+        """Record in a generation batch which reference version its `ref_per_token_logps` (if any) belong to."""
+        batch[VERSION_KEY] = torch.tensor(self.version)
+        return batch
+
+    def logps(self, inputs: dict, logits_to_keep: int) -> torch.Tensor:
+        """Reference log-probs of a micro-batch: the stored ones, or recomputed (and stored in the batch, so a
+        reused batch recomputes at most once per update) when the reference changed since they were computed."""
+        version = inputs.get(VERSION_KEY)
+        if "ref_per_token_logps" in inputs and version is not None and int(version) == self.version:
+            return inputs["ref_per_token_logps"]
+        trainer = self.trainer
+        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        kwargs = {k: inputs[k] for k in _compat.MULTIMODAL_KEYS if k in inputs}
+        batch_size = input_ids.size(0)
+        with torch.no_grad(), _compat.disable_gradient_checkpointing(trainer.model,
+                                                                      trainer.args.gradient_checkpointing_kwargs):
+            if trainer.ref_model is not None:
+                ref, _, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
+            else:  # PEFT: the "ref" adapter, or the base model with the adapter disabled ("initial")
+                policy = self._policy
+                adapter = REFERENCE_ADAPTER if REFERENCE_ADAPTER in policy.peft_config else None
+                with _compat.use_adapter(policy, adapter_name=adapter):
+                    ref, _, _ = trainer._get_per_token_logps_and_entropies(
+                        trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
+        inputs["ref_per_token_logps"] = ref
+        self.tag(inputs)
+        return ref
+
+    # -- schedule ---------------------------------------------------------------------------------------------------
+
+    def record_divergence(self, divergence_sum: float, tokens: float) -> None:
+        """Feed one training micro-batch's divergence (summed over processes) to the adaptive trigger."""
+        if self.trigger is not None:
+            self.trigger.record(divergence_sum, tokens)
+
+    def end_step(self) -> float | None:
+        """Close an optimizer step; returns the adaptive moving average (None for other schedules)."""
+        return self.trigger.end_step() if self.trigger is not None else None
+
+    def due(self, global_step: int) -> bool:
+        """Whether pi_ref <- pi_theta is due after optimizer step `global_step`."""
+        if self.schedule == "periodic":
+            return global_step % self.update_steps == 0
+        return self.trigger is not None and self.trigger.due
+
+    def update(self) -> None:
+        """pi_ref <- pi_theta (paper section 5, "iterative reference updates"); ZeRO-3-safe."""
+        if self.trainer.ref_model is not None:
+            copy_parameters(self._policy.parameters(), self.trainer.ref_model.parameters())
+        elif is_peft_model(self._policy):
+            copy_parameters(*self._adapter_pairs())
+        else:  # pragma: no cover - RPGConfig requires beta > 0 for a non-sampling reference
+            raise RuntimeError("No reference to update: rpg_reference needs beta > 0.")
+        self.version += 1
+        self.updates += 1
+        if self.trigger is not None:
+            self.trigger.average = None
+
+    # -- checkpoints ------------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"reference_version": self.version, "reference_updates": self.updates,
+                "kl_ema": self.trigger.average if self.trigger is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.version = int(state["reference_version"])
+        self.updates = int(state["reference_updates"])
+        if self.trigger is not None:
+            self.trigger.average = state["kl_ema"]
+
+    def snapshot(self, keep: bool) -> dict[str, torch.Tensor] | None:
+        """Full CPU copies of a moving reference's parameters (a collective call under ZeRO-3; None where not
+        `keep`)."""
+        named = self.named_parameters()
+        tensors = gather_to_cpu([p for _, p in named], keep=keep)
+        return dict(zip([n for n, _ in named], tensors)) if keep else None
+
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        named = self.named_parameters()
+        missing = [n for n, _ in named if n not in tensors]
+        if missing or len(tensors) != len(named):
+            from .checkpoint import CheckpointError
+
+            raise CheckpointError(f"The reference snapshot does not match the reference ({len(tensors)} tensors for "
+                                  f"{len(named)} parameters; first missing: {missing[:3]}); was the checkpoint written "
+                                  "with another model or PEFT config?")
+        scatter_from_cpu([p for _, p in named], [tensors[n] for n, _ in named])
+
+
+__all__ = ["MOVING", "VERSION_KEY", "AdaptiveTrigger", "ReferencePolicy"]
