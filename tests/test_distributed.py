@@ -285,7 +285,8 @@ def model_dir(workdir):
 def single(workdir, model_dir):
     """The single-process reference: 1 process x 8 completions per step, full fine-tuning and LoRA."""
     return launch(workdir, "single", "single", model_dir,
-                  [agreement_run("full", False, 8), agreement_run("lora", True, 8)])
+                  [agreement_run("full", False, 8, save_strategy="steps", save_steps=3),
+                   agreement_run("lora", True, 8)])
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +301,26 @@ def zero3(workdir, model_dir, deepspeed_cpu_ops):
 
 @pytest.fixture(scope="module")
 def ddp_full(workdir, model_dir):
-    return launch(workdir, "ddp_full", "ddp", model_dir, [agreement_run("full", False, 4)])
+    return launch(workdir, "ddp_full", "ddp", model_dir,
+                  [agreement_run("full", False, 4, save_strategy="steps", save_steps=3)])
+
+
+def _resumed_on(workdir, model_dir, name, layout, per_device, checkpoint):
+    run = agreement_run("full", False, per_device, output_dir=str(workdir / f"{name}_out"))
+    run["resume_from_checkpoint"] = str(checkpoint)
+    return launch(workdir, name, layout, model_dir, [run])
+
+
+@pytest.fixture(scope="module")
+def one_to_two(workdir, model_dir, single):
+    """The single-process checkpoint of step 3 (inside a reused batch) resumed by 2 DDP processes."""
+    return _resumed_on(workdir, model_dir, "one_to_two", "ddp", 4, single["dir"] / "out" / "full" / "checkpoint-3")
+
+
+@pytest.fixture(scope="module")
+def two_to_one(workdir, model_dir, ddp_full):
+    """The 2-process DDP checkpoint of step 3 resumed by 1 process."""
+    return _resumed_on(workdir, model_dir, "two_to_one", "single", 8, ddp_full["dir"] / "out" / "full" / "checkpoint-3")
 
 
 @pytest.fixture(scope="module")
@@ -389,7 +409,7 @@ def test_zero3_resume_reproduces_uninterrupted_run(zero3_resumed, zero3):
     assert (checkpoint / "rpg_checkpoint_complete.json").exists()
     # The reference was updated at step 3, after batch B (generated at step 3) was scored against the old one, so
     # step 4 reuses the restored buffer and rescores it with the restored reference: both are needed to match.
-    assert (checkpoint / "rpg_reference.pt").exists()  # gathered from the partitions of the reference model
+    assert (checkpoint / "rpg_reference.safetensors").exists()  # gathered from the partitions of the reference model
     resumed, uninterrupted = zero3_resumed["ranks"][0]["full"], zero3["ranks"][0]["full"]
     # it did resume: training began at step 3 (a fresh run would reproduce the losses too, the data being fixed)
     assert [p["step"] for p in resumed["probes"]] == [3, 4, 5, 6]
@@ -503,3 +523,25 @@ def test_ddp_losses_match_single_process(ddp_full, single):
         assert not result["is_deepspeed"] and result["num_processes"] == 2
         assert_losses_match(result, single["ranks"][0]["full"], "DDP full vs 1 process")
     assert_probes_match(ddp_full["ranks"][0]["full"], single["ranks"][0]["full"], "DDP full vs 1 process")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Resume on another number of processes
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@distributed
+@pytest.mark.parametrize("change", ["one_to_two", "two_to_one"])
+def test_resume_on_another_number_of_processes_splits_the_buffered_batch(change, request, single):
+    """A checkpoint written by 1 (2) processes inside a reused generation batch resumes on 2 (1): the buffered batch
+    is redistributed (each optimizer step trains on the same rows), nothing hangs, and the run continues as the
+    uninterrupted single-process run does."""
+    resumed = request.getfixturevalue(change)
+    log = (resumed["dir"] / "log.txt").read_text()
+    written_by, resumed_by = (1, 2) if change == "one_to_two" else (2, 1)
+    assert f"on {resumed_by} processes (written by {written_by}): each buffered micro-batch is split" in log
+    result = resumed["ranks"][0]["full"]
+    assert [p["step"] for p in result["probes"]] == [3, 4, 5, 6]  # it did resume at step 3
+    assert_losses_match(result, single["ranks"][0]["full"], f"{change}: resumed vs uninterrupted", steps=[4, 5, 6])
+    assert_probes_match(result, single["ranks"][0]["full"], f"{change}: resumed vs uninterrupted", steps=[4, 5, 6])
+    assert result["reference_updates"] == single["ranks"][0]["full"]["reference_updates"]

@@ -94,3 +94,53 @@ def test_push_to_hub_uploads_model_and_rpg_card_offline(model_path, tmp_path, fa
     assert {"README.md", "config.json", "model.safetensors", "tokenizer_config.json"} <= set(upload["files"])
     _assert_rpg_card(upload["card"], "urkl", "reinforce", "sampling", 1e-4)  # RPGConfig's defaults
     assert "rpg" in upload["card"].split("---")[1]  # the tags in the YAML header
+    assert 'model="someone/rpg-tiny"' in upload["card"]  # the quick start loads what was pushed
+
+
+def _links(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\]\((https://huggingface\.co/[^)]*)\)", text)
+
+
+def test_card_of_a_local_model_and_local_data_has_no_broken_links(model_path, tmp_path):
+    """Trained from a local folder on a local file with a space in its name, not pushed: no link to a Hub page that
+    cannot exist, and a quick start that loads the trained model from where it was saved."""
+    out = tmp_path / "out"
+    trainer = _train(model_path, out)
+    trainer.create_model_card(model_name="rpg-tiny", dataset_name=str(tmp_path / "my data.parquet"))
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "None" not in text.split("## Training procedure")[0]
+    assert f"fine-tuned version of the local model `{model_path}`" in text
+    assert f"trained on `{tmp_path / 'my data.parquet'}`" in text
+    assert f'model="{out}"' in text
+    assert all(" " not in link and "None" not in link and str(tmp_path) not in link for link in _links(text))
+    assert ModelCard.load(str(out / "README.md")).data.datasets is None  # no invalid Hub data set id in the metadata
+
+
+def test_card_of_a_model_built_in_code(tmp_path):
+    from _tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer)
+    model.config._name_or_path = ""
+    args = RPGConfig(**cpu_args(tmp_path / "out", max_steps=1, steps_per_generation=2))
+    trainer = RPGTrainer(model=model, processing_class=tokenizer, reward_funcs=length_reward, args=args,
+                         train_dataset=tiny_dataset())
+    trainer.create_model_card(model_name="built")
+    text = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert "fine-tuned version of a model built in code" in text
+    assert "huggingface.co/None" not in text and 'model="None"' not in text
+
+
+def test_hub_names_keep_their_links(model_path, tmp_path):
+    from trl_rpg.model_card import hub_repo_id, repair
+
+    assert hub_repo_id("Qwen/Qwen3-1.7B") == "Qwen/Qwen3-1.7B" and hub_repo_id("gsm8k") == "gsm8k"
+    assert hub_repo_id("data.parquet") is None and hub_repo_id("my data") is None and hub_repo_id(model_path) is None
+    card = ("This model is a fine-tuned version of [Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B) on the "
+            "[gsm8k](https://huggingface.co/datasets/gsm8k) dataset.\n"
+            'generator = pipeline("text-generation", model="None", device_map="auto")')
+    fixed = repair(card, "Qwen/Qwen3-1.7B", "gsm8k", load_as="me/qwen-rpg")
+    assert fixed.split("\n")[0] == card.split("\n")[0]
+    assert 'model="me/qwen-rpg"' in fixed

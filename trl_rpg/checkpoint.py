@@ -331,31 +331,30 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return next((p for p in checkpoint_folders(output_dir) if os.path.exists(os.path.join(p, MANIFEST_FILE))), None)
 
 
-def choose_checkpoint(resume_from_checkpoint: str | bool, output_dir: str, rpg_reference: str) -> str:
-    """The checkpoint to resume from, verified (main-process part of `verify_checkpoint`).
-
-    A path is verified and returned, or refused with `CheckpointError`. `True` means the newest checkpoint in
-    `output_dir` that verifies; newer ones that do not are skipped with a warning naming the problem (those without
-    a completion marker, interrupted while being written, silently). A schedule mismatch is never skipped over.
-    """
+def resume_candidates(resume_from_checkpoint: str | bool, output_dir: str) -> list[str]:
+    """The checkpoints to try, in order: the given path (refused at once without a completion marker), or, for
+    `True`, every checkpoint in `output_dir` holding a completion marker, newest first (those without one were
+    interrupted while being written and are passed over)."""
     if resume_from_checkpoint is not True:
         path = str(resume_from_checkpoint)
         if not os.path.exists(os.path.join(path, MANIFEST_FILE)):
             raise CheckpointError(f"resume_from_checkpoint={path!r} is not a complete RPG checkpoint (no "
                                   f"{MANIFEST_FILE}); it was probably interrupted while being written.")
-        verify_checkpoint(path, rpg_reference)
-        return path
+        return [path]
     candidates = [p for p in checkpoint_folders(output_dir) if os.path.exists(os.path.join(p, MANIFEST_FILE))]
-    for path in candidates:
-        try:
-            verify_checkpoint(path, rpg_reference)
-            return path
-        except ScheduleMismatch:
-            raise  # a user error, not damage: never skipped over
-        except CheckpointError as error:
-            logger.warning("Not resuming from %s: %s Trying the previous checkpoint.", path, error)
-    raise CheckpointError(f"No complete RPG checkpoint found in output_dir={output_dir!r} (a complete one holds "
-                          f"{MANIFEST_FILE} and passes its checks).")
+    if not candidates:
+        raise CheckpointError(f"No complete RPG checkpoint found in output_dir={output_dir!r} (a complete one holds "
+                              f"{MANIFEST_FILE}).")
+    return candidates
+
+
+def verify_for_process(directory: str, rpg_reference: str, world_size: int, steps_per_generation: int, rank: int,
+                       main: bool) -> None:
+    """This process's share of verifying a checkpoint before resuming: the main process checks every file the
+    manifest lists except the processes' buffers; every process checks the buffer files it will read."""
+    manifest = verify_checkpoint(directory, rpg_reference, ranks=None if main else [])
+    plan = plan_buffer_restore(manifest, world_size, steps_per_generation)
+    verify_checkpoint(directory, rpg_reference, ranks=buffer_ranks_needed(plan, manifest, rank))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
+from accelerate.utils import gather_object
 from torch import nn
 from transformers import TrainerCallback
 from trl import GRPOTrainer
@@ -302,29 +302,27 @@ class RPGTrainer(GRPOTrainer):
         return output
 
     def _verified_checkpoint(self, request) -> str:
-        """The checkpoint to resume from, verified by the main process (the files it lists) and by every process
-        (the buffer files it will read); every process raises the same `CheckpointError` if one fails."""
-        acc = self.accelerator
-        found = [None, None]
-        if acc.is_main_process:
+        """The checkpoint to resume from, verified by every process (`checkpoint.verify_for_process`). A given path
+        that fails is refused; with `True`, a checkpoint that fails is skipped for the previous one with a warning
+        (but a reference-schedule mismatch is refused). Every process raises the same error."""
+        acc, args = self.accelerator, self.args
+        candidates = checkpoint.resume_candidates(request, args.output_dir)
+        for path in candidates:
             try:
-                found[0] = checkpoint.choose_checkpoint(request, self.args.output_dir, self.args.rpg_reference)
+                checkpoint.verify_for_process(path, args.rpg_reference, acc.num_processes, args.steps_per_generation,
+                                              acc.process_index, main=acc.is_main_process)
+                failure = None
             except checkpoint.CheckpointError as error:
-                found[1] = str(error)
-        path, error = broadcast_object_list(found) if acc.num_processes > 1 else found
-        if error is None:
-            try:
-                manifest = checkpoint.read_manifest(path)
-                plan = checkpoint.plan_buffer_restore(manifest, acc.num_processes, self.args.steps_per_generation)
-                checkpoint.verify_checkpoint(path, self.args.rpg_reference,
-                                             ranks=checkpoint.buffer_ranks_needed(plan, manifest, acc.process_index))
-            except checkpoint.CheckpointError as local_error:
-                error = str(local_error)
-        errors = gather_object([error]) if acc.num_processes > 1 else [error]
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise checkpoint.CheckpointError(first)
-        return path
+                failure = (isinstance(error, checkpoint.ScheduleMismatch), str(error))
+            failures = [f for f in (gather_object([failure]) if acc.num_processes > 1 else [failure]) if f]
+            if not failures:
+                return path
+            mismatch, message = failures[0]
+            if request is not True or mismatch:
+                raise (checkpoint.ScheduleMismatch if mismatch else checkpoint.CheckpointError)(message)
+            logger.warning("Not resuming from %s: %s Trying the previous checkpoint.", path, message)
+        raise checkpoint.CheckpointError(f"No RPG checkpoint in output_dir={args.output_dir!r} passes its checks; "
+                                         "see the warnings above.")
 
     def _save_checkpoint(self, model, trial):
         # Override: RPG's files and the manifest after TRL's; rotation only after the manifest, so a crash mid-save
