@@ -533,7 +533,6 @@ __all__ = [
     "Layout",
     "ScheduleMismatch",
     "buffer_ranks_needed",
-    "choose_checkpoint",
     "copy_parameters",
     "gather_to_cpu",
     "last_complete_checkpoint",
