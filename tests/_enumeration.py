@@ -2,7 +2,7 @@
 
 Each outcome k of a K-way categorical is one "completion". Expectations under the sampler mu are sums over k
 weighted by mu_k, so gradients are exact (no Monte Carlo). The analytic objectives are written here from their
-definitions (rpg-math.md section 2), independently of the library.
+definitions (docs/math.md section 2), independently of the library.
 """
 
 import torch

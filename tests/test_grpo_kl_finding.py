@@ -1,4 +1,4 @@
-"""The paper's contribution (iii), as a regression test (rpg-math.md section 2, last paragraphs).
+"""The paper's contribution (iii), as a regression test (docs/math.md section 2, last paragraphs).
 
 GRPO adds beta * k3(pi_ref / pi_theta) to its loss without the importance weight. On-policy, the expected gradient
 of that unweighted term is the gradient of the FORWARD KL(pi_ref || pi_theta), not of the reverse KL the k3 penalty

@@ -1,4 +1,4 @@
-"""Reference policy schedules (paper section 5, "iterative reference updates"; rpg-math.md section 4)."""
+"""Reference policy schedules (paper section 5, "iterative reference updates"; docs/math.md section 4)."""
 
 import pytest
 import torch

@@ -1,0 +1,45 @@
+"""Every TRL/transformers internal trl-rpg relies on (listed in trl_rpg/_compat.py) exists in the installed versions:
+an upgrade that removes or renames one fails here, naming it, instead of somewhere inside a training run."""
+
+import pytest
+import trl
+from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
+from trl import GRPOTrainer
+
+from trl_rpg import RPGConfig, RPGTrainer, _compat
+from trl_rpg.batch import KNOWN_FIELDS
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    model = save_tiny_model(str(tmp_path_factory.mktemp("model")))
+    args = RPGConfig(**cpu_args(tmp_path_factory.mktemp("out"), max_steps=1, steps_per_generation=2))
+    trainer = RPGTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    trainer.train()  # some attributes (current_gradient_accumulation_steps) exist once training has started
+    return trainer
+
+
+def test_trl_has_every_method_trl_rpg_overrides_or_calls():
+    missing = _compat.missing_internals(GRPOTrainer)
+    assert not missing, f"trl {trl.__version__} lacks what trl_rpg/_compat.py lists: {missing}"
+
+
+def test_a_built_trainer_has_every_attribute_trl_rpg_reads(trainer):
+    missing = _compat.missing_internals(GRPOTrainer, trainer)
+    assert not missing, f"trl {trl.__version__} lacks what trl_rpg/_compat.py lists: {missing}"
+
+
+def test_the_generation_batch_has_the_layout_dynamic_sampling_and_checkpoints_assume(trainer):
+    trainer.model.train()
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    assert set(_compat.GENERATION_BATCH_FIELDS) <= set(batch), sorted(batch)
+    unknown = set(batch) - set(KNOWN_FIELDS) - {"rpg_ref_version"}
+    assert not unknown, f"fields trl_rpg.batch does not know how to regroup: {sorted(unknown)}"
+
+
+def test_missing_internals_names_what_is_missing():
+    class Older:
+        _compute_loss = _save_checkpoint = None
+
+    missing = _compat.missing_internals(Older)
+    assert "Older._generate_and_score_completions" in missing and "Older._compute_loss" not in missing
