@@ -52,7 +52,8 @@ INSTANCE_ATTRIBUTES = (
     "multi_objective_aggregation", "shuffle_dataset", "entropy_coef", "_last_world_entropy", "_entropy_window_stats",
     "_entropy_bonus_enabled", "current_gradient_accumulation_steps", "aux_loss_enabled", "epsilon_low",
     "epsilon_high", "top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level", "use_vllm",
-    "vllm_importance_sampling_correction", "processing_class",
+    "vllm_importance_sampling_correction", "processing_class", "environment_factories", "tools", "chat_template",
+    "chat_template_kwargs",
 )
 #: Fields of a text-only training generation batch of TRL 1.16 (with steps_per_generation > accumulation steps).
 GENERATION_BATCH_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",

@@ -9,8 +9,8 @@ to None: torch optimizers leave parameters without a gradient, and their state, 
 Not applied, on purpose:
 - with a gradient scaler (fp16 mixed precision): an overflowing fp16 step is ordinary, and the scaler already skips
   it and lowers its scale (it must see the inf to do so);
-- under DeepSpeed, which owns the gradients: its fp16 loss scaler skips overflowing steps; in bf16/fp32 DeepSpeed
-  does not skip them (see README, "Reliability").
+- under DeepSpeed, which owns the gradients: DeepSpeed 0.19 itself skips a step whose global gradient norm is not
+  finite (ZeRO-1/2/3, every precision; in bf16 while `bf16.check_grad_overflow` is true, its default).
 """
 
 from __future__ import annotations

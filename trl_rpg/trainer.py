@@ -36,7 +36,8 @@ from .loss import (
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy
-from .validation import checked_reward_function, validate_train_dataset
+from .validation import checked_reward_function, validate_dataset_size, validate_tokenized_prompts, \
+    validate_train_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +86,16 @@ class RPGTrainer(GRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
-        if kwargs.get("environment_factory") is None:
-            validate_train_dataset(train_dataset)  # before any model is loaded
+        if kwargs.get("environment_factory") is None:  # before any model is loaded
+            validate_train_dataset(train_dataset)
+            validate_dataset_size(train_dataset, args)
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        if self.environment_factories is None:
+            validate_tokenized_prompts(self.train_dataset, self.processing_class, tools=self.tools,
+                                       chat_template=self.chat_template,
+                                       chat_template_kwargs=self.chat_template_kwargs)
 
         self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(f, name)
                              for f, name in zip(self.reward_funcs, self.reward_func_names)]

@@ -1,31 +1,84 @@
-"""Input checks that fail early with an error naming the culprit (data set rows, reward functions)."""
+"""Input checks that fail early with an error naming the culprit (data set rows, reward functions).
+
+Data set checks (`validate_train_dataset`, `validate_dataset_size`) run before any model is loaded;
+`validate_tokenized_prompts` needs the tokenizer and runs right after it is loaded. `checked_reward_function` wraps a
+reward function so that what it returns is checked on every call, keeping its sync/async nature.
+"""
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
+import logging
 import math
+import numbers
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
 
 VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+#: Largest finite float32, the dtype TRL builds reward tensors in (`torch.tensor(rewards, dtype=torch.float32)`).
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+#: Largest reward magnitude accepted from a reward function. TRL normalises rewards with a standard deviation computed
+#: in float32 (`scale_rewards="group"` over each group, `"batch"` over the whole batch): the mean of the squared
+#: deviations from the mean, whose sum is at most sum(r_i ** 2) <= n * MAX_ABS_REWARD ** 2. With 1e15 that sum stays
+#: below FLOAT32_MAX (3.4e38) for any n <= 3.4e8 rewards, so no group or batch std can overflow to inf (which would
+#: divide every advantage to 0). With `reward_weights` the weighted total of several functions can reach
+#: sum(|w_k|) * 1e15; it stays overflow-free for batches of up to 3.4e8 / sum(|w_k|) ** 2 completions.
+MAX_ABS_REWARD = 1e15
+
+#: `validate_tokenized_prompts` tokenizes at most this many rows by default (see its docstring for the cost).
+MAX_TOKENIZED_ROWS = 50_000
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data sets
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def validate_train_dataset(dataset, name: str = "train_dataset", max_rows: int | None = None) -> None:
     """Check that `dataset` has a usable `prompt` column: non-empty text or a well-formed conversation.
 
-    Raises `ValueError` naming the data set, the row and what is wrong. Iterable (streaming) data sets are checked
-    on their column names only.
+    Raises `ValueError` naming the data set, the row and what is wrong. For an iterable (streaming) data set the column
+    names (when known) and the first row are checked; the first row is read through `dataset.take(1)`, which starts a
+    fresh iteration and leaves the data set itself untouched. An empty streaming data set is an error.
     """
     if dataset is None:
         return
     columns = getattr(dataset, "column_names", None)
     if columns is not None and "prompt" not in columns:
-        raise ValueError(f"`{name}` has no 'prompt' column (columns: {list(columns)}). RPGTrainer, like "
-                         "GRPOTrainer, needs a 'prompt' column of strings or of chat messages.")
-    if not hasattr(dataset, "__len__") or columns is None:
+        raise ValueError(_no_prompt_column(name, columns))
+    if not hasattr(dataset, "__len__"):
+        _validate_first_streamed_row(dataset, name)
+        return
+    if columns is None:
         return
     prompts = dataset["prompt"] if max_rows is None else dataset.select(range(min(max_rows, len(dataset))))["prompt"]
     for row, prompt in enumerate(prompts):
         _check_prompt(prompt, name, row)
+
+
+def _no_prompt_column(name, columns) -> str:
+    return (f"`{name}` has no 'prompt' column (columns: {list(columns)}). RPGTrainer, like GRPOTrainer, needs a "
+            "'prompt' column of strings or of chat messages.")
+
+
+def _validate_first_streamed_row(dataset, name) -> None:
+    """Check the first row of a streaming data set (its columns may be unknown until a row is read)."""
+    take = getattr(dataset, "take", None)
+    if take is None:
+        return
+    first = next(iter(take(1)), None)
+    if first is None:
+        raise ValueError(f"`{name}` is empty: the streaming data set yielded no rows.")
+    if "prompt" not in first:
+        raise ValueError(_no_prompt_column(name, list(first)))
+    _check_prompt(first["prompt"], name, 0)
 
 
 def _check_prompt(prompt, name, row):
@@ -37,12 +90,7 @@ def _check_prompt(prompt, name, row):
         if len(prompt) == 0:
             raise ValueError(f"`{name}` row {row}: the conversational prompt has no messages.")
         for i, message in enumerate(prompt):
-            if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise ValueError(f"`{name}` row {row}, message {i}: each message must be a dict with 'role' and "
-                                 f"'content', got {message!r:.200}.")
-            if message["role"] not in VALID_ROLES:
-                raise ValueError(f"`{name}` row {row}, message {i}: role {message['role']!r} is not one of "
-                                 f"{list(VALID_ROLES)}.")
+            _check_message(message, name, row, i)
         if all(not _content_text(m["content"]).strip() for m in prompt):
             raise ValueError(f"`{name}` row {row}: every message of the conversational prompt is empty.")
         return
@@ -50,7 +98,23 @@ def _check_prompt(prompt, name, row):
                      f"{type(prompt).__name__}.")
 
 
+def _check_message(message, name, row, index):
+    if not isinstance(message, dict) or "role" not in message or "content" not in message:
+        raise ValueError(f"`{name}` row {row}, message {index}: each message must be a dict with 'role' and "
+                         f"'content', got {message!r:.200}.")
+    if message["role"] not in VALID_ROLES:
+        raise ValueError(f"`{name}` row {row}, message {index}: role {message['role']!r} is not one of "
+                         f"{list(VALID_ROLES)}.")
+    if message["content"] is None and not message.get("tool_calls"):
+        # A chat template would render None as the text "None". (An assistant turn that only calls tools may have
+        # no content.)
+        raise ValueError(f"`{name}` row {row}, message {index}: 'content' is None; it must be a string or a list "
+                         "of content blocks (use '' for an empty message).")
+
+
 def _content_text(content) -> str:
+    if content is None:
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # multimodal content blocks
@@ -59,63 +123,247 @@ def _content_text(content) -> str:
     return str(content)
 
 
-def checked_reward_function(func, name: str):
-    """Wrap a synchronous reward function so that its failures name the function and the row.
+def minimum_train_prompts(args) -> int:
+    """Number of distinct prompts one generation batch draws: `generation_batch_size // num_generations`.
 
-    - An exception is re-raised as `RuntimeError` naming the function and the first row that fails alone.
-    - A result that is not a list of numbers/None of the right length raises `ValueError`.
-    - ``None`` and NaN mean "not scored" for that function (TRL's convention; the row is excluded from its group's
-      baseline when no function scores it); +-inf raises `ValueError` naming the row.
+    TRL's `RepeatSampler` cuts the (shuffled) prompt indices into chunks of this many and drops an incomplete last
+    chunk, so a data set with fewer prompts yields no batch at all. `generation_batch_size` is global
+    (`per_device_train_batch_size * num_processes * steps_per_generation`): all processes share one sampler and
+    each takes its slice of the batch, so the minimum does not change with the number of processes at a fixed global
+    batch.
     """
-    if inspect.iscoroutinefunction(func) or getattr(func, "_rpg_checked", False):
+    return args.generation_batch_size // args.num_generations
+
+
+def validate_dataset_size(dataset, args, name: str = "train_dataset") -> None:
+    """Raise `ValueError` if `dataset` has fewer prompts than one generation batch needs (it would train 0 steps).
+
+    Cheap and model-free: call it before the model is loaded. A data set without a length (streaming) is skipped.
+    """
+    if dataset is None:
+        return
+    try:
+        size = len(dataset)
+    except TypeError:  # an iterable (streaming) data set: its size is unknown
+        return
+    needed = minimum_train_prompts(args)
+    if size >= needed:
+        return
+    what = "is empty (0 prompts)" if size == 0 else f"has {size} prompts"
+    raise ValueError(f"`{name}` {what}, but one generation batch needs {needed} distinct prompts, so training would "
+                     f"run 0 steps. {_batch_size_explanation(args, needed)}")
+
+
+def _batch_size_explanation(args, needed: int) -> str:
+    P, S, G = args.per_device_train_batch_size, args.steps_per_generation, args.num_generations
+    W = args.generation_batch_size // (P * S)
+    text = (f"generation_batch_size = per_device_train_batch_size ({P}) x processes ({W}) x steps_per_generation "
+            f"({S}) = {args.generation_batch_size} completions = {needed} prompts x num_generations ({G}); TRL's "
+            "sampler drops an incomplete generation batch. Add prompts, or lower per_device_train_batch_size, the "
+            "number of processes")
+    reuse = getattr(args, "rpg_generation_reuse", None)
+    accumulation = args.gradient_accumulation_steps
+    if reuse is not None and reuse > 1 and args.num_iterations == 1 and reuse * accumulation == S:
+        return (f"{text}, gradient_accumulation_steps or rpg_generation_reuse (steps_per_generation {S} = "
+                f"rpg_generation_reuse {reuse} x gradient_accumulation_steps {accumulation}: RPG reuses each "
+                f"generation batch for {reuse} optimizer steps, so it needs {reuse}x the prompts of GRPOTrainer, "
+                "whose default is steps_per_generation = gradient_accumulation_steps).")
+    return f"{text} or steps_per_generation (or generation_batch_size)."
+
+
+def validate_tokenized_prompts(dataset, processing_class, *, tools=None, chat_template=None,
+                               chat_template_kwargs=None, name: str = "train_dataset",
+                               max_rows: int | None = MAX_TOKENIZED_ROWS, batch_size: int = 1024) -> None:
+    """Raise `ValueError` naming the first row whose prompt tokenizes to no tokens.
+
+    TRL cannot generate from an empty prompt: when every prompt of a batch is empty `generate` fails with
+    `IndexError: index -1 is out of bounds` (`attention_mask[:, -1]` of a width-0 batch), when the first one is
+    empty the padded batch is float and the embedding fails, and otherwise the row is generated from a fully
+    masked prompt. The prompts are tokenized exactly as `GRPOTrainer._tokenize_prompts` does: plain text with
+    `processing_class(text=...)`, conversations with `apply_chat_template(..., add_generation_prompt=True,
+    tokenize=True)` and the trainer's `tools`, `chat_template` and `chat_template_kwargs`.
+
+    Needs the tokenizer, so it runs once the trainer has loaded it. Plain-text prompts need no pass when the tokenizer
+    adds a special token (BOS) to every text, even the empty one. Otherwise the first `max_rows` rows are tokenized
+    in batches (all with `None`; a warning names how many were left unchecked): about 10 s per 100k short prompts
+    with a character-level tokenizer on one CPU core. Skipped for streaming data sets and for processors that are
+    not tokenizers (vision-language models, whose prompts TRL also converts to content blocks).
+    """
+    from transformers import PreTrainedTokenizerBase
+
+    if dataset is None or not hasattr(dataset, "__len__") or len(dataset) == 0:
+        return
+    if not isinstance(processing_class, PreTrainedTokenizerBase):
+        return
+    first = dataset[0]["prompt"]
+    if isinstance(first, str) and len(processing_class(text=[""])["input_ids"][0]) > 0:
+        return  # every text gets the special tokens: none is empty
+    rows = len(dataset) if max_rows is None else min(max_rows, len(dataset))
+    if rows < len(dataset):
+        logger.warning("validate_tokenized_prompts: checked the first %d of the %d prompts of `%s` for prompts that "
+                       "tokenize to nothing (max_rows=%d).", rows, len(dataset), name, max_rows)
+    for start in range(0, rows, batch_size):
+        prompts = list(dataset[start:min(start + batch_size, rows)]["prompt"])
+        ids = _tokenize_like_trl(prompts, processing_class, tools, chat_template, chat_template_kwargs or {})
+        for offset, prompt_ids in enumerate(ids):
+            if len(prompt_ids) == 0:
+                raise ValueError(f"`{name}` row {start + offset}: the prompt {prompts[offset]!r:.200} tokenizes to no "
+                                 "tokens (with the chat template and tokenizer the trainer uses); generation needs at "
+                                 "least one prompt token. Remove the row or fix its text.")
+
+
+def _tokenize_like_trl(prompts, processing_class, tools, chat_template, chat_template_kwargs):
+    """Token ids of `prompts` as `GRPOTrainer._tokenize_prompts` computes them (text-only tokenizers)."""
+    if isinstance(prompts[0], (list, tuple)):
+        return processing_class.apply_chat_template(
+            conversation=prompts, tools=tools or None, chat_template=chat_template, add_generation_prompt=True,
+            tokenize=True, return_dict=True, **chat_template_kwargs)["input_ids"]
+    return processing_class(text=prompts)["input_ids"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reward functions
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def is_async_callable(func) -> bool:
+    """Whether calling `func` returns a coroutine, by the rule TRL 1.16 uses to decide to await a reward function:
+    `functools.partial` is unwrapped, and a class instance is async when its `__call__` is."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or (callable(func) and inspect.iscoroutinefunction(func.__call__))
+
+
+def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REWARD):
+    """Wrap a reward function so that its failures and bad results raise an error naming the function and the row.
+
+    The wrapper has the same sync/async nature as `func` (an `async def` wrapper around anything TRL awaits: an
+    `async def` function, a `functools.partial` of one, an instance whose `__call__` is `async def`), so TRL calls
+    it the same way; its `__name__` is `name` (the name TRL logs the function under), and the attributes of `func`
+    are copied onto it. What is checked, on every call:
+
+    - An exception is re-raised as `RuntimeError` naming the function and the batch size. The function is not called
+      again to find the failing row (it may be slow or have side effects), so the row is not identified.
+    - The result must be a list/tuple (or other sequence), a 1-d numpy array or a 1-d tensor with one reward per
+      completion; a dict, a string, a set, a generator, ... raises `ValueError` naming the function and the type.
+    - Each reward must be a real number or None. None and NaN mean "not scored" by this function (TRL's convention;
+      a row no function scores is left out of its group's baseline and gets advantage 0).
+    - A reward must be finite in float32, the dtype TRL computes rewards in (1e300 is inf there), and at most
+      `max_abs_reward` (default `MAX_ABS_REWARD` = 1e15) in magnitude, so that the float32 std of a group or batch
+      cannot overflow; otherwise `ValueError` names the function, the row and the value.
+    """
+    if getattr(func, "_rpg_checked", False):
         return func
 
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        completions = kwargs.get("completions")
-        n = len(completions) if completions is not None else None
-        try:
-            rewards = func(*args, **kwargs)
-        except Exception as error:
-            row = _first_failing_row(func, args, kwargs, n)
-            where = f" on row {row} (prompt: {kwargs['prompts'][row]!r:.200})" if row is not None else ""
-            raise RuntimeError(f"Reward function `{name}` raised {type(error).__name__}: {error}{where}.") from error
-        if rewards is None or not hasattr(rewards, "__len__"):
-            raise ValueError(f"Reward function `{name}` must return a list with one reward per completion, got "
-                             f"{type(rewards).__name__}.")
-        rewards = list(rewards)
-        if n is not None and len(rewards) != n:
-            raise ValueError(f"Reward function `{name}` returned {len(rewards)} rewards for {n} completions.")
-        cleaned = []
-        for row, reward in enumerate(rewards):
-            if reward is None:
-                cleaned.append(None)
-                continue
-            try:
-                value = float(reward)
-            except (TypeError, ValueError):
-                raise ValueError(f"Reward function `{name}` returned {reward!r:.100} for row {row}; rewards must be "
-                                 "numbers or None.") from None
-            if math.isnan(value):
-                cleaned.append(None)  # NaN: not scored, like None
-            elif math.isinf(value):
-                raise ValueError(f"Reward function `{name}` returned {value} for row {row}; rewards must be finite "
-                                 "(use None for 'not scored').")
-            else:
-                cleaned.append(value)
-        return cleaned
+    def check(rewards, kwargs):
+        return check_rewards(rewards, name, kwargs.get("completions"), kwargs.get("prompts"), max_abs_reward)
 
+    def failed(error, kwargs):
+        completions = kwargs.get("completions")
+        batch = f" on a batch of {len(completions)} completions" if completions is not None else ""
+        return RuntimeError(
+            f"Reward function `{name}` raised {type(error).__name__}: {error}{batch}. The failing row was not "
+            "identified: RPGTrainer does not call a reward function again to find it, since it may be slow or have "
+            "side effects (see the traceback above for where it failed). Return None for a completion the "
+            "function cannot score.")
+
+    if is_async_callable(func):
+        async def wrapper(*args, **kwargs):
+            try:
+                rewards = await func(*args, **kwargs)
+            except Exception as error:
+                raise failed(error, kwargs) from error
+            return check(rewards, kwargs)
+    else:
+        def wrapper(*args, **kwargs):
+            try:
+                rewards = func(*args, **kwargs)
+            except Exception as error:
+                raise failed(error, kwargs) from error
+            return check(rewards, kwargs)
+
+    functools.update_wrapper(wrapper, func)  # copies __module__, __doc__, ... and the attributes of `func`
+    wrapper.__name__ = wrapper.__qualname__ = name  # TRL names a callable by `__name__` (class name for instances)
     wrapper._rpg_checked = True
     return wrapper
 
 
-def _first_failing_row(func, args, kwargs, n):
-    if not n:
+def check_rewards(rewards, name: str, completions=None, prompts=None,
+                  max_abs_reward: float = MAX_ABS_REWARD) -> list[float | None]:
+    """Check the result of reward function `name` and return it as a list of floats and None (= not scored).
+
+    `completions` (optional) gives the expected length; `prompts` (optional) is quoted in the errors. See
+    `checked_reward_function` for the rules.
+    """
+    values = _reward_values(rewards, name)
+    if completions is not None and len(values) != len(completions):
+        raise ValueError(f"Reward function `{name}` returned {len(values)} rewards for {len(completions)} "
+                         "completions.")
+    return [_checked_reward(value, name, row, prompts, max_abs_reward) for row, value in enumerate(values)]
+
+
+def _reward_values(rewards, name: str) -> list:
+    """The rewards as a list, if `rewards` is one of the accepted containers."""
+    def wrong(what):
+        return ValueError(f"Reward function `{name}` returned {what}; a reward function must return a list (or "
+                          "tuple, 1-d numpy array, 1-d tensor) with one number per completion, None or NaN for 'not "
+                          "scored'.")
+
+    if inspect.isawaitable(rewards):
+        if inspect.iscoroutine(rewards):
+            rewards.close()  # never awaited: close it to silence the RuntimeWarning
+        raise wrong(f"an awaitable ({type(rewards).__name__}) from a call TRL treats as synchronous (make the "
+                    "function, or the class's `__call__`, `async def` so that TRL awaits it)")
+    if isinstance(rewards, (torch.Tensor, np.ndarray)):
+        if rewards.ndim != 1:
+            raise wrong(f"a {type(rewards).__name__} of shape {tuple(rewards.shape)}")
+        if rewards.dtype.is_complex if isinstance(rewards, torch.Tensor) else np.iscomplexobj(rewards):
+            raise wrong(f"a complex {type(rewards).__name__}")
+        return (rewards.detach().cpu() if isinstance(rewards, torch.Tensor) else rewards).tolist()
+    if isinstance(rewards, (str, bytes)) or not isinstance(rewards, collections.abc.Sequence):  # not a dict
+        raise wrong(f"a {type(rewards).__name__}")
+    return list(rewards)
+
+
+def _checked_reward(value, name, row, prompts, max_abs_reward) -> float | None:
+    """One reward as a float (None when not scored), or `ValueError` naming the function and the row."""
+    def where():
+        prompt = f" (prompt: {prompts[row]!r:.200})" if prompts is not None and row < len(prompts) else ""
+        return f"for row {row}{prompt}"
+
+    if value is None:
         return None
-    for row in range(n):
-        single = {k: (v[row:row + 1] if isinstance(v, list) and len(v) == n else v) for k, v in kwargs.items()}
-        try:
-            func(*args, **single)
-        except Exception:
-            return row
+    number = _as_real(value)
+    if number is None:
+        raise ValueError(f"Reward function `{name}` returned {value!r:.100} {where()}; rewards must be real numbers "
+                         "or None.")
+    try:
+        number = float(number)
+        shown = repr(number)
+    except OverflowError:  # an int beyond float64
+        shown, number = f"an integer of {number.bit_length()} bits", math.inf
+    if math.isnan(number):
+        return None  # NaN: not scored, like None
+    with np.errstate(over="ignore"):
+        overflows_float32 = math.isinf(np.float32(number))
+    if overflows_float32:
+        raise ValueError(f"Reward function `{name}` returned {shown} {where()}; rewards must be finite in float32, "
+                         f"the dtype TRL computes rewards in (|reward| <= {max_abs_reward:g} is accepted; use None "
+                         "for 'not scored').")
+    if abs(number) > max_abs_reward:
+        raise ValueError(f"Reward function `{name}` returned {shown} {where()}; rewards must be at most "
+                         f"{max_abs_reward:g} in magnitude: TRL normalises rewards by a standard deviation computed "
+                         "in float32, which larger rewards can overflow to inf (making every advantage 0). Rescale "
+                         "the reward.")
+    return number
+
+
+def _as_real(value):
+    """`value` if it is a real number (Python, numpy, or a 0-d array/tensor of one), else None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        if value.ndim != 0 or (value.dtype.is_complex if isinstance(value, torch.Tensor) else np.iscomplexobj(value)):
+            return None
+        value = value.item()
+    if isinstance(value, (numbers.Real, np.bool_)):
+        return value
     return None
