@@ -36,6 +36,16 @@ def repair(card: str, base_model: str | None, dataset_name: str | None, load_as:
                   card)
 
 
+def complete(path: str, args, base_model: str | None, dataset_name: str | None, load_as: str) -> None:
+    """Repair the card TRL wrote at `path` and append the RPG settings."""
+    with open(path, encoding="utf-8") as f:
+        text = repair(f.read(), base_model, dataset_name, load_as)
+    if dataset_name and hub_repo_id(dataset_name) is None:
+        text = text.replace("It has been trained using", f"It was trained on `{dataset_name}` using", 1)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + rpg_settings(args, args.beta))
+
+
 def rpg_settings(args, beta: float) -> str:
     """The card's "RPG settings" section."""
     return textwrap.dedent(f"""
@@ -54,4 +64,4 @@ def rpg_settings(args, beta: float) -> str:
         """)
 
 
-__all__ = ["hub_repo_id", "repair", "rpg_settings"]
+__all__ = ["complete", "hub_repo_id", "repair", "rpg_settings"]

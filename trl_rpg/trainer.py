@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -36,8 +35,13 @@ from .loss import (
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy
-from .validation import checked_reward_function, validate_dataset_size, validate_tokenized_prompts, \
-    validate_train_dataset
+from .validation import (
+    ScoringTally,
+    checked_reward_function,
+    validate_dataset_size,
+    validate_tokenized_prompts,
+    validate_train_dataset,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,22 +53,6 @@ _RPG_CITATION = textwrap.dedent("""\
         year         = 2026,
         eprint       = {arXiv:2505.17508},
     }""")
-
-
-@dataclass
-class ScoringTally:
-    """Training generation batches seen in one `train()` call, and how many had at least one scored reward."""
-
-    batches: int = 0
-    scored: int = 0
-
-    def add(self, rewards_per_round: list[torch.Tensor]) -> bool:
-        """Count one batch (its rounds' gathered rewards); returns whether it is the first one left unscored."""
-        self.batches += 1
-        if any(not torch.isnan(r).all() for r in rewards_per_round):
-            self.scored += 1
-            return False
-        return self.batches - self.scored == 1
 
 
 class RPGTrainer(GRPOTrainer):
@@ -400,16 +388,9 @@ class RPGTrainer(GRPOTrainer):
         super().create_model_card(model_name=model_name, dataset_name=model_card.hub_repo_id(dataset_name),
                                   tags=tags)
         path = os.path.join(self.args.output_dir, "README.md")
-        if not self.is_world_process_zero() or not os.path.exists(path):
-            return
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        base = getattr(self.accelerator.unwrap_model(self.model).config, "_name_or_path", None)
-        text = model_card.repair(text, base, dataset_name, load_as=self.hub_model_id or self.args.output_dir)
-        if dataset_name and model_card.hub_repo_id(dataset_name) is None:
-            text = text.replace("It has been trained using", f"It was trained on `{dataset_name}` using", 1)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + model_card.rpg_settings(self.args, self.args.beta))
+        if self.is_world_process_zero() and os.path.exists(path):
+            base = getattr(self.accelerator.unwrap_model(self.model).config, "_name_or_path", None)
+            model_card.complete(path, self.args, base, dataset_name, load_as=self.hub_model_id or self.args.output_dir)
 
 
 class _ReferenceSchedule(TrainerCallback):

@@ -13,6 +13,7 @@ import inspect
 import logging
 import math
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -367,3 +368,20 @@ def _as_real(value):
     if isinstance(value, (numbers.Real, np.bool_)):
         return value
     return None
+
+
+@dataclass
+class ScoringTally:
+    """Training generation batches seen in one `train()` call, and how many had at least one scored reward: a run
+    in which no batch is scored trains on nothing and must not succeed."""
+
+    batches: int = 0
+    scored: int = 0
+
+    def add(self, rewards_per_round: list[torch.Tensor]) -> bool:
+        """Count one batch (its rounds' gathered rewards); returns whether it is the first one left unscored."""
+        self.batches += 1
+        if any(not torch.isnan(r).all() for r in rewards_per_round):
+            self.scored += 1
+            return False
+        return self.batches - self.scored == 1
