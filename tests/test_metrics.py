@@ -67,6 +67,8 @@ def test_rpg_metrics_and_their_trl_names(tmp_path, model_dir):
         assert entry["clip_ratio/region_mean"] == pytest.approx(entry["rpg/clip_frac_high"] + entry["rpg/clip_frac_low"])
         assert entry["clip_ratio/high_max"] >= entry["clip_ratio/high_mean"]
         assert entry["clip_ratio/low_min"] <= entry["clip_ratio/low_mean"]
+        assert entry["rpg/w_p01"] <= entry["rpg/w_mean"] <= entry["rpg/w_max"]
+        assert entry["rpg/w_p99"] <= entry["rpg/w_max"]
     assert max(e.get("clip_ratio/high_mean", 0) for e in trainer.state.log_history) > 0
 
 
@@ -86,3 +88,20 @@ def test_adaptive_entropy_controller_works_as_in_grpo(tmp_path, model_dir):
     assert logged(rpg, "entropy_coef") == pytest.approx(coefficients)
     assert len(set(coefficients.values())) > 1  # the controller did move the coefficient
     assert max_difference(parameters(grpo), parameters(rpg)) < 1e-5
+
+
+def test_ratio_quantiles_are_nearest_rank_over_valid_tokens():
+    import torch
+
+    from trl_rpg.objectives import rpg_per_token_loss
+
+    w = torch.arange(1, 202, dtype=torch.float64) / 100  # 0.01 .. 2.01, 201 tokens
+    logp = w.log().reshape(1, -1)
+    mask = torch.ones_like(logp)
+    mask[0, -1] = 0  # the largest ratio is masked out: 200 valid tokens, 0.01 .. 2.00
+    _, stats = rpg_per_token_loss(logp, torch.zeros_like(logp), torch.zeros(1, dtype=torch.float64), mask)
+    assert stats["w_p01"].item() == pytest.approx(0.03)  # rank round(0.01 * 199) = 2
+    assert stats["w_p99"].item() == pytest.approx(1.98)  # rank round(0.99 * 199) = 197
+    _, empty = rpg_per_token_loss(logp, torch.zeros_like(logp), torch.zeros(1, dtype=torch.float64),
+                                  torch.zeros_like(logp))
+    assert torch.isnan(empty["w_p01"]) and torch.isnan(empty["w_p99"])

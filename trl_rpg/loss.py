@@ -103,12 +103,27 @@ def metric_sums(stats: dict[str, torch.Tensor], entropies: torch.Tensor, mask: t
                        + [n, stats["excluded_tokens"], (entropies.detach() * mask).sum(), mask.sum()]).float()
 
 
-def metrics(totals: torch.Tensor, w_max: float, low_seq_min: float, high_seq_max: float, log_kl: bool
-            ) -> dict[str, float]:
-    """What one micro-batch logs, from the process-summed `metric_sums` and the process extrema.
+#: Per-process statistics combined over processes by their extremum: (name in `rpg_per_token_loss` stats, largest?).
+EXTREMA = (("w_max", True), ("w_p01", False), ("w_p99", True), ("clip_frac_low_seq_min", False),
+           ("clip_frac_high_seq_max", True))
 
-    Under `rpg/`: `divergence` (the divergence estimate per valid token), `w_mean`, `w_max`, the fractions of valid
-    tokens in each zero-gradient region of the clip (`clip_frac_high`, `clip_frac_low`, `clip_frac_dual`) and
+
+def extremum_stats(stats: dict[str, torch.Tensor]) -> torch.Tensor:
+    """This process's `EXTREMA` statistics, as one vector to gather."""
+    return torch.stack([stats[name] for name, _ in EXTREMA]).float()
+
+
+def combine_extrema(gathered: torch.Tensor) -> dict[str, float]:
+    """`EXTREMA` over processes from the gathered `(processes, len(EXTREMA))` statistics (NaN ignored)."""
+    return {name: nan_extremum(gathered[:, i], largest) for i, (name, largest) in enumerate(EXTREMA)}
+
+
+def metrics(totals: torch.Tensor, extrema: dict[str, float], log_kl: bool) -> dict[str, float]:
+    """What one micro-batch logs, from the process-summed `metric_sums` and the combined `EXTREMA`.
+
+    Under `rpg/`: `divergence` (the divergence estimate per valid token), `w_mean`, `w_max`, `w_p01` / `w_p99` (the
+    smallest 1% quantile and largest 99% quantile of `w` over processes: exact with one process), the fractions of
+    valid tokens in each zero-gradient region of the clip (`clip_frac_high`, `clip_frac_low`, `clip_frac_dual`) and
     `excluded_tokens`. Under TRL's names, with their closest RPG meaning: `entropy`; `kl` (the divergence, when
     beta > 0); `clip_ratio/high_mean`, `/low_mean`, `/region_mean` (the high, low and high-or-low region fractions),
     `clip_ratio/low_min`, `/high_max` (the smallest per-sequence low fraction, the largest per-sequence high
@@ -117,7 +132,7 @@ def metrics(totals: torch.Tensor, w_max: float, low_seq_min: float, high_seq_max
     tokens = max(float(totals[len(_WEIGHTED)]), 1.0)
     means = {key: float(totals[i]) / tokens for i, key in enumerate(_WEIGHTED)}
     out = {f"rpg/{key}": value for key, value in means.items()}
-    out["rpg/w_max"] = w_max
+    out.update({f"rpg/{name}": extrema[name] for name in ("w_max", "w_p01", "w_p99")})
     out["rpg/excluded_tokens"] = float(totals[len(_WEIGHTED) + 1])
     out["entropy"] = float(totals[-2]) / max(float(totals[-1]), 1.0)
     if log_kl:
@@ -125,8 +140,8 @@ def metrics(totals: torch.Tensor, w_max: float, low_seq_min: float, high_seq_max
     out["clip_ratio/low_mean"] = means["clip_frac_low"]
     out["clip_ratio/high_mean"] = means["clip_frac_high"]
     out["clip_ratio/region_mean"] = means["clip_frac_low"] + means["clip_frac_high"]
-    out["clip_ratio/low_min"] = low_seq_min
-    out["clip_ratio/high_max"] = high_seq_max
+    out["clip_ratio/low_min"] = extrema["clip_frac_low_seq_min"]
+    out["clip_ratio/high_max"] = extrema["clip_frac_high_seq_max"]
     return out
 
 
@@ -138,5 +153,5 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-__all__ = ["Aggregation", "aggregate", "entropy_bonus", "metric_sums", "metrics", "nan_extremum",
-           "next_entropy_coef", "sequence_level_logps"]
+__all__ = ["EXTREMA", "Aggregation", "aggregate", "combine_extrema", "entropy_bonus", "extremum_stats", "metric_sums",
+           "metrics", "nan_extremum", "next_entropy_coef", "sequence_level_logps"]

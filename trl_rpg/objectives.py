@@ -288,6 +288,19 @@ def _clip_statistics(regions: dict | None, valid: Tensor, dtype: torch.dtype) ->
     }
 
 
+#: Quantiles of the valid tokens' ratios w reported in `stats` (as `w_p01`, `w_p99`): how far off-policy a batch is.
+RATIO_QUANTILES = {"w_p01": 0.01, "w_p99": 0.99}
+
+
+def _ratio_quantiles(w: Tensor, valid: Tensor) -> dict[str, Tensor]:
+    """The `RATIO_QUANTILES` of `w` over the valid tokens (nearest rank; NaN without valid tokens)."""
+    values = torch.sort(w[valid]).values
+    if values.numel() == 0:
+        return {name: torch.full((), math.nan, dtype=w.dtype, device=w.device) for name in RATIO_QUANTILES}
+    last = values.numel() - 1
+    return {name: values[min(last, max(0, round(q * last)))] for name, q in RATIO_QUANTILES.items()}
+
+
 def rpg_per_token_loss(
     logps: torch.Tensor,
     sampling_logps: torch.Tensor,
@@ -321,7 +334,8 @@ def rpg_per_token_loss(
     Returns:
         ``(per_token_loss, stats)``: the (B, T) loss in the compute dtype (>= float32), zero outside the valid
         tokens; aggregation (token-mean, sequence-mean...) is the caller's. ``stats`` holds detached scalars:
-        ``divergence`` (masked mean of the divergence estimate), ``w_mean``, ``w_max``, ``clip_frac_high``,
+        ``divergence`` (masked mean of the divergence estimate), ``w_mean``, ``w_max``, ``w_p01`` / ``w_p99`` (1% and
+        99% quantiles of w over the valid tokens, NaN without any), ``clip_frac_high``,
         ``clip_frac_low``, ``clip_frac_dual`` (fractions of valid tokens in each zero-gradient region),
         ``clip_frac_low_seq_min`` / ``clip_frac_high_seq_max`` (the smallest / largest per-sequence fraction),
         ``valid_tokens`` and ``excluded_tokens`` (masked tokens dropped because a sampling/reference log-prob or
@@ -375,6 +389,7 @@ def rpg_per_token_loss(
             "divergence": (divergence_value(divergence, w, inputs.log_r.detach(), inputs.rho) * validf).sum() / denom,
             "w_mean": (w * validf).sum() / denom,
             "w_max": torch.where(valid, w, zeros).amax() if w.numel() else zeros.sum(),
+            **_ratio_quantiles(w, valid),
             **_clip_statistics(regions, valid, dtype),
             "valid_tokens": n_valid.to(dtype),
             "excluded_tokens": (in_mask & ~finite).sum().to(dtype),

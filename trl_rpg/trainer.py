@@ -26,10 +26,11 @@ from .config import RPGConfig, as_rpg_config
 from .loss import (
     Aggregation,
     aggregate,
+    combine_extrema,
     entropy_bonus,
+    extremum_stats,
     metric_sums,
     metrics,
-    nan_extremum,
     next_entropy_coef,
     sequence_level_logps,
 )
@@ -246,10 +247,9 @@ class RPGTrainer(GRPOTrainer):
         acc = self.accelerator
         local = torch.cat([metric_sums(stats, entropies, mask), policy_loss.detach().float().reshape(1)])
         totals = acc.reduce(local, reduction="sum")
-        extrema = acc.gather(torch.stack([stats["w_max"], stats["clip_frac_low_seq_min"],
-                                          stats["clip_frac_high_seq_max"]]).float().reshape(1, 3)).reshape(-1, 3)
-        values = metrics(totals[:-1], float(extrema[:, 0].max()), nan_extremum(extrema[:, 1], largest=False),
-                         nan_extremum(extrema[:, 2], largest=True), log_kl=self.args.beta > 0)
+        local_extrema = extremum_stats(stats)
+        extrema = combine_extrema(acc.gather(local_extrema.unsqueeze(0)).reshape(-1, local_extrema.numel()))
+        values = metrics(totals[:-1], extrema, log_kl=self.args.beta > 0)
         values["policy_loss"] = float(totals[-1]) / acc.num_processes
         values["rpg/reference_updates"] = float(self.reference.updates)
         if mode == "train" and self.reference.trigger is not None:
