@@ -1,4 +1,4 @@
-"""RPG-Style Clip (paper 3.3, Appendix G, Algorithms 1-2; rpg-math.md section 3).
+"""RPG-Style Clip (paper 3.3, Appendix G, Algorithms 1-2; docs/math.md section 3).
 
 The gradient coefficient g (loss gradient = -g * grad logp) is checked token by token against the section 3
 table, written out independently here.
@@ -16,7 +16,7 @@ CLIP = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, dual_clip_c=C)
 
 
 def kl_weight(divergence, w, log_rho, beta):
-    """C_KL of rpg-math.md section 2, as a function of the ratio w (log r = log w - log rho)."""
+    """C_KL of docs/math.md section 2, as a function of the ratio w (log r = log w - log rho)."""
     rho, log_r = math.exp(log_rho), math.log(w) - log_rho
     return {"fkl": beta * rho, "ufkl": beta * (rho - w), "rkl": -beta * w * (log_r + 1), "urkl": -beta * w * log_r}[
         divergence
@@ -119,3 +119,53 @@ def test_differentiable_estimator_dual_clip(divergence):
     ]:
         g, _ = coefficient(math.log(w), adv, divergence, "differentiable", beta=beta, **CLIP)
         assert g == pytest.approx(reward_part + kl_grad(w), abs=1e-12), (w, adv)
+
+
+# The table's boundaries are inclusive (w >= 1 + eps_high, w <= 1 - eps_low and w >= c give g = 0). To test them,
+# w must equal the bound bit for bit: each bound below is exp(x) of a float x computed by torch in the test's dtype,
+# and the token's log-ratio is exactly x (logp - logmu with logmu = 0), so the objective's exp(log w) is the bound.
+
+
+def _exp(x: float, dtype) -> float:
+    return torch.tensor(x, dtype=dtype).exp().item()
+
+
+def _boundary_coefficient(log_w, adv, divergence, dtype, **clip):
+    logp = torch.tensor([[log_w]], dtype=dtype, requires_grad=True)
+    loss, stats = rpg_per_token_loss(logp, torch.zeros(1, 1, dtype=dtype), torch.tensor([adv], dtype=dtype),
+                                     torch.ones(1, 1, dtype=dtype), divergence=divergence, estimator="reinforce",
+                                     beta=0.0, **clip)
+    loss.sum().backward()
+    return -logp.grad.item(), stats
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_dual_clip_bound_is_inclusive_at_w_equal_c(divergence, dtype):
+    """A' < 0 and w == c exactly: the table's `w >= c` row, g = 0 (a `w > c` test would let it through)."""
+    c = _exp(1.0, dtype)  # c = e, and log w = 1.0 exactly
+    assert torch.tensor(1.0, dtype=dtype).exp().item() == c
+    g, stats = _boundary_coefficient(1.0, -1.0, divergence, dtype, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
+                                     dual_clip_c=c)
+    assert g == 0.0 and stats["clip_frac_dual"].item() == 1.0
+    # just below c the token keeps its gradient g = w * A
+    below = 0.999
+    assert _exp(below, dtype) < c
+    g, stats = _boundary_coefficient(below, -1.0, divergence, dtype, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
+                                     dual_clip_c=c)
+    assert g == pytest.approx(-_exp(below, dtype), rel=1e-6) and stats["clip_frac_dual"].item() == 0.0
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_trust_region_bounds_are_inclusive(divergence):
+    """A' >= 0 with w == 1 + eps_high and A' < 0 with w == 1 - eps_low, exactly: g = 0 (float64, where
+    1 + (e^x - 1) and 1 - (1 - e^-x) round back to e^x and e^-x exactly)."""
+    dtype = torch.float64
+    upper, lower = _exp(0.25, dtype), _exp(-0.25, dtype)
+    eps_high, eps_low = upper - 1.0, 1.0 - lower
+    assert 1.0 + eps_high == upper and 1.0 - eps_low == lower
+    clip = {"epsilon_low": eps_low, "epsilon_high": eps_high, "dual_clip_c": 10.0}
+    g, stats = _boundary_coefficient(0.25, 1.0, divergence, dtype, **clip)
+    assert g == 0.0 and stats["clip_frac_high"].item() == 1.0
+    g, stats = _boundary_coefficient(-0.25, -1.0, divergence, dtype, **clip)
+    assert g == 0.0 and stats["clip_frac_low"].item() == 1.0
