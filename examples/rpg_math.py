@@ -2,17 +2,22 @@
 """RPG on DAPO-Math: the recipe of the RPG paper (Zhang et al., ICLR 2026, arXiv:2505.17508) in TRL terms.
 
 * Data: DAPO-Math-17k (default `--dataset_name BytedTsinghua-SIA/DAPO-Math-17k`), or any local `.parquet` /
-  `.json` / `.jsonl` file (or folder) in the same format: a `prompt` chat list and a `reward_model.ground_truth`
-  (verl/DAPO format, like the bundled AIME/AMC files), or plain `problem` (or `question`) and `answer` columns, which
-  are wrapped in the paper's prompt ("... The last line of your response should be of the form Answer: $Answer ...").
+  `.json` / `.jsonl` / `.csv` file (or folder), loaded by the loader of `trl-rpg train`
+  (`trl_rpg.cli.load_training_data`): a `prompt` chat list and a `reward_model.ground_truth` (verl/DAPO format, like
+  the bundled AIME/AMC files), or a `problem` (or `question`, or plain-text `prompt`) column with a `ground_truth` or
+  `answer` column; bare problems are wrapped in the paper's prompt ("... The last line of your response should be of
+  the form Answer: $Answer ..."). The reference answer is read as `math_reward` reads it
+  (`trl_rpg.rewards.reference_answer`), and a data set without one of its columns is refused before the model loads.
   Duplicated problems (the Hub copy repeats each one many times) are dropped unless `--dedupe False`.
-* Reward: `trl_rpg.rewards.math_reward` (math-verify equivalence where it parses, the normalised `Answer:` string
-  otherwise) plus DAPO's soft overlong punishment (TRL's `get_soft_overlong_punishment`; `--soft_punish_cache 0`
-  turns it off).
+* Reward: `trl_rpg.rewards.math_reward` (the last answer the completion commits to, an `Answer:` line or a
+  `\\boxed{}`; math-verify equivalence where it parses, the normalised string otherwise) plus DAPO's soft overlong
+  punishment (TRL's `get_soft_overlong_punishment`; `--soft_punish_cache 0` turns it off).
 * Objective: `RPGTrainer` with RPG's defaults (RPG-REINFORCE, unnormalised reverse KL, beta 1e-4, RPG-Style Clip
-  (0.2, 0.28) with dual-clip c = 10, the sampling policy as reference) and dynamic sampling; the paper's optimiser
-  settings are this script's defaults (AdamW lr 1e-6, weight decay 0.1, clip 1.0, constant lr after warm-up,
-  16 completions at temperature 1.0). Batch sizes and reuse come from the command line: see `examples/recipes/`.
+  (0.2, 0.28) with dual-clip c = 10, the sampling policy as reference) and dynamic sampling that keeps the groups
+  whose `math_reward` varies (`dynamic_sampling_metric="math_reward"`: DAPO and the paper filter on accuracy, not on
+  the length penalty); the paper's optimiser settings are this script's defaults (AdamW lr 1e-6, weight decay 0.1,
+  clip 1.0, constant lr after warm-up, 16 completions at temperature 1.0). Batch sizes and reuse come from the
+  command line: see `examples/recipes/`.
 * Evaluation: mean@k on AIME 2024, AIME 2025 and AMC 2023 (bundled; `--eval_num_samples 32` is the paper's
   mean@32) after training, optionally before (`--eval_before`). Results go to `<output_dir>/eval_results.json`.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
@@ -20,8 +25,12 @@
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml examples/rpg_math.py \\
         --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh
 
-    python examples/rpg_math.py --model_name_or_path ./my-model --dataset_name ./train.parquet \\
-        --output_dir out --max_steps 2 --eval_num_samples 1 --eval_max_problems 2   # a quick local run
+A quick local run, on CPU (`--use_cpu True --bf16 False`: like TRL's `GRPOConfig`, `RPGConfig` defaults to
+`bf16=True`, which needs a GPU; on a GPU leave both flags out):
+
+    python examples/rpg_math.py --model_name_or_path ./my-model --dataset_name ./train.parquet --output_dir out \\
+        --max_steps 2 --num_generations 4 --max_completion_length 256 --eval_num_samples 1 --eval_max_problems 2 \\
+        --use_cpu True --bf16 False
 """
 
 from __future__ import annotations
@@ -35,8 +44,9 @@ from pathlib import Path
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks
-from trl_rpg.rewards import make_overlong_punishment, math_reward
+from trl_rpg.cli import load_training_data, show_upstream_warnings_once
+from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks, problem_text
+from trl_rpg.rewards import check_reward_columns, make_overlong_punishment, math_reward, reference_answer
 
 logger = logging.getLogger("rpg_math")
 
@@ -48,20 +58,21 @@ PROMPT_TEMPLATE = (
 )
 
 #: The paper's optimisation settings (Appendix H), used as this script's defaults; any flag overrides them.
-PAPER_DEFAULTS = dict(
-    learning_rate=1e-6,
-    weight_decay=0.1,
-    max_grad_norm=1.0,
-    lr_scheduler_type="constant_with_warmup",
-    num_generations=16,
-    temperature=1.0,
-    max_completion_length=4096,
-    dynamic_sampling=True,
-    logging_steps=1,
-    save_strategy="steps",
-    save_steps=160,
-    report_to="none",
-)
+PAPER_DEFAULTS = {
+    "learning_rate": 1e-6,
+    "weight_decay": 0.1,
+    "max_grad_norm": 1.0,
+    "lr_scheduler_type": "constant_with_warmup",
+    "num_generations": 16,
+    "temperature": 1.0,
+    "max_completion_length": 4096,
+    "dynamic_sampling": True,
+    "dynamic_sampling_metric": "math_reward",  # keep the groups whose accuracy varies (DAPO), not their length penalty
+    "logging_steps": 1,
+    "save_strategy": "steps",
+    "save_steps": 160,
+    "report_to": "none",
+}
 
 
 @dataclass
@@ -70,8 +81,9 @@ class MathScriptArguments(ScriptArguments):
 
     dataset_name: str | None = field(
         default="BytedTsinghua-SIA/DAPO-Math-17k",
-        metadata={"help": "Hub data set or local .parquet/.json/.jsonl file or folder, in DAPO-Math format (`prompt` "
-                          "chat list + `reward_model.ground_truth`) or with `problem`/`question` + `answer` columns."},
+        metadata={"help": "Hub data set or local .parquet/.json/.jsonl/.csv file or folder, in DAPO-Math format "
+                          "(`prompt` chat list + `reward_model.ground_truth`) or with `problem`/`question` + "
+                          "`ground_truth`/`answer` columns."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first N training problems (after de-duplication)."})
@@ -109,41 +121,15 @@ def make_parser(prog: str | None = None) -> TrlParser:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def load_math_dataset(name: str, split: str = "train", config: str | None = None):
-    """A Hub data set, or a local file / folder (parquet, json, jsonl, csv), as one `datasets.Dataset`."""
-    from datasets import load_dataset
-
-    path = Path(name).expanduser()
-    if path.is_file():
-        builder = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv"}.get(path.suffix.lower())
-        if builder is None:
-            raise ValueError(f"Unsupported data file {name!r}: use .parquet, .json, .jsonl or .csv.")
-        return load_dataset(builder, data_files=str(path), split="train")
-    return load_dataset(name, name=config, split=split)
-
-
-def _problem_text(row) -> str:
-    extra = row.get("extra_info")
-    if isinstance(extra, dict) and extra.get("raw_problem"):
-        return str(extra["raw_problem"])
-    prompt = row.get("prompt")
-    if isinstance(prompt, list):
-        return "\n".join(str(m.get("content", "")) for m in prompt)
-    return str(prompt if prompt is not None else row.get("problem", row.get("question", "")))
-
-
 def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None = None):
     """Bring a math data set into the format `RPGTrainer` + `math_reward` read: a conversational `prompt` in the
-    paper's format and a string `ground_truth` column."""
+    paper's format and a `ground_truth` column holding each row's `trl_rpg.rewards.reference_answer`."""
     columns = set(dataset.column_names)
     problem_column = next((c for c in ("problem", "question") if c in columns), None)
     if "prompt" not in columns and problem_column is None:
         raise ValueError(f"The data set needs a `prompt` (chat list) or a `problem`/`question` column; it has "
                          f"{sorted(columns)}.")
-    answer_column = next((c for c in ("ground_truth", "answer") if c in columns), None)
-    if answer_column is None and "reward_model" not in columns:
-        raise ValueError(f"The data set needs the reference answers: a `reward_model.ground_truth`, `ground_truth` or "
-                         f"`answer` column; it has {sorted(columns)}.")
+    check_reward_columns([math_reward], dataset.column_names)  # the reference answers, where math_reward reads them
 
     def convert(row):
         prompt = row.get("prompt")
@@ -154,17 +140,14 @@ def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None =
             prompt = [{"role": "user", "content": text}]
         else:
             prompt = [{"role": m["role"], "content": m["content"]} for m in prompt]
-        gold = row.get(answer_column) if answer_column else None
-        if gold is None or not str(gold).strip():
-            reward_model = row.get("reward_model") or {}
-            gold = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-        return {"prompt": prompt, "ground_truth": "" if gold is None else str(gold).strip()}
+        gold = reference_answer(row)
+        return {"prompt": prompt, "ground_truth": "" if gold is None else gold}
 
     if dedupe:
         seen: set[str] = set()
 
         def first_time(row):
-            key = _problem_text(row)
+            key = problem_text(row)
             if key in seen:
                 return False
             seen.add(key)
@@ -233,22 +216,25 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
     from accelerate import PartialState
 
     state = PartialState()
-    model_init_kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
-                             attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)
+    model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+                         "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
-
-    with state.main_process_first():
-        raw = load_math_dataset(script_args.dataset_name, script_args.dataset_train_split,
-                                script_args.dataset_config)
-        train_dataset = prepare_math_dataset(raw, dedupe=script_args.dedupe,
-                                             max_samples=script_args.max_train_samples)
 
     rewards = [math_reward]
     if script_args.soft_punish_cache > 0:
         rewards.append(make_overlong_punishment(training_args.max_completion_length,
                                                 min(script_args.soft_punish_cache,
                                                     training_args.max_completion_length)))
+    with state.main_process_first():
+        data = load_training_data(script_args)
+        if script_args.dataset_train_split not in data:
+            raise ValueError(f"The data set has no split {script_args.dataset_train_split!r} (it has {list(data)}); "
+                             "set --dataset_train_split.")
+        raw = data[script_args.dataset_train_split]
+        check_reward_columns(rewards, raw.column_names)  # before any model loads
+        train_dataset = prepare_math_dataset(raw, dedupe=script_args.dedupe,
+                                             max_samples=script_args.max_train_samples)
     peft_config = get_peft_config(model_args)
     results: dict = {"settings": {"model": model_args.model_name_or_path, "dataset": script_args.dataset_name,
                                   "rpg_divergence": training_args.rpg_divergence,
@@ -292,5 +278,6 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
 
 
 if __name__ == "__main__":
+    show_upstream_warnings_once()
     script_args, training_args, model_args = make_parser().parse_args_and_config()
     main(script_args, training_args, model_args)

@@ -1,10 +1,12 @@
-"""The `trl-rpg` command line: help texts, `trl-rpg train` through `accelerate launch`, `python -m trl_rpg train`."""
+"""The `trl-rpg` command line: help texts, `trl-rpg train` through `accelerate launch`, `python -m trl_rpg train`, and
+the newcomer's mistakes, each ending with one clear message naming what to fix, as the last line, within seconds."""
 
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -15,13 +17,16 @@ from trl_rpg import cli
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
+#: Generous bound for a refused run: the launcher imports TRL (seconds), then stops before launching anything.
+FAST_FAILURE_S = 90
 
 
-def _env():
+def _env(**overrides):
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
-    return env
+    env.update(overrides)
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def _console_script() -> list[str]:
@@ -33,19 +38,34 @@ def _console_script() -> list[str]:
     return [found] if found else [sys.executable, "-c", "import sys; from trl_rpg.cli import main; sys.exit(main())"]
 
 
-def _run(cmd, cwd, timeout=300):
-    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+def _run(cmd, cwd, timeout=300, **env):
+    return subprocess.run(cmd, cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _prompts(n):
+    return [[{"role": "user", "content": f"{i % 10}+{(3 * i) % 10}"}] for i in range(n)]
+
+
+def _sums(n):
+    return [str(i % 10 + (3 * i) % 10) for i in range(n)]
 
 
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
-    """A tiny local model and a local parquet file in the DAPO-Math format (prompt + reward_model.ground_truth)."""
+    """A tiny local model and local parquet files: DAPO-Math format (prompt + reward_model.ground_truth), plain
+    prompt + answer, and prompt + solution (a column math_reward does not read)."""
     root = tmp_path_factory.mktemp("cli")
     model = save_tiny_model(str(root / "model"))
-    rows = [{"prompt": [{"role": "user", "content": f"{i % 10}+{(3 * i) % 10}"}],
-             "reward_model": {"ground_truth": str(i % 10 + (3 * i) % 10), "style": "rule"}} for i in range(16)]
     data = root / "train.parquet"
-    pd.DataFrame(rows).to_parquet(data)
+    pd.DataFrame({"prompt": _prompts(16),
+                  "reward_model": [{"ground_truth": s, "style": "rule"} for s in _sums(16)]}).to_parquet(data)
+    pd.DataFrame({"prompt": _prompts(16), "answer": _sums(16)}).to_parquet(root / "answer.parquet")
+    pd.DataFrame({"prompt": _prompts(16), "solution": _sums(16)}).to_parquet(root / "solution.parquet")
     return root, model, data
 
 
@@ -68,10 +88,18 @@ def _check_run(out: Path):
     assert all("rpg/w_mean" in h for h in logs)
     rewards = [h["reward"] for h in state["log_history"] if "reward" in h]
     assert rewards and all(0.0 <= r <= 1.0 for r in rewards)  # math_reward (0) + length reward in [0, 1]
+    # math_reward scored every batch (a run whose rewards are all "not scored" logs None here)
+    scored = [h["rewards/math_reward/mean"] for h in state["log_history"] if "rewards/math_reward/mean" in h]
+    assert scored and all(isinstance(r, float) for r in scored), scored
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
     assert (out / "tokenizer_config.json").exists()
     card = (out / "README.md").read_text()
     assert "2505.17508" in card and "| divergence | `fkl` |" in card
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Help
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_top_level_help_lists_commands(tmp_path):
@@ -79,13 +107,19 @@ def test_top_level_help_lists_commands(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "train" in proc.stdout and "demo" in proc.stdout
     assert "arXiv:2505.17508" in proc.stdout
+    assert "--use_cpu True --bf16 False" in proc.stdout  # the CPU command is documented where the commands are
     bad = _run(_console_script() + ["bogus"], cwd=tmp_path, timeout=120)
     assert bad.returncode == 2 and "unknown command 'bogus'" in bad.stderr
 
 
-def test_train_help_lists_rpg_fields_with_help_text(tmp_path):
+def test_train_help_starts_with_the_launcher_options_then_lists_rpg_fields(tmp_path):
     proc = _run(_console_script() + ["train", "--help"], cwd=tmp_path, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    head = "\n".join(proc.stdout.splitlines()[:20])
+    assert head.startswith("usage: trl-rpg train [launcher options] [training arguments]")
+    for option in ("--accelerate_config", "--num_processes", "--config_file", "--mixed_precision"):
+        assert option in head, option
+    assert "deepspeed_zero3" in head and "zero3" in head  # the config names --accelerate_config accepts
     text = " ".join(proc.stdout.split())  # argparse wraps the help text
     from trl_rpg.config import RPGConfig
 
@@ -96,6 +130,12 @@ def test_train_help_lists_rpg_fields_with_help_text(tmp_path):
                  "soft_overlong_punishment", "(default: urkl)"]
     for fragment in fragments:
         assert fragment in text, fragment
+    assert text.count("usage:") == 1  # one short usage line, not argparse's 200-line one
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def test_trl_rpg_train_runs_through_accelerate_launch(tiny_setup):
@@ -106,21 +146,45 @@ def test_trl_rpg_train_runs_through_accelerate_launch(tiny_setup):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Training completed." in proc.stdout
     _check_run(out)
+    # no launcher noise: accelerate gets the values it would otherwise announce, upstream deprecations come once
+    assert "were not passed to `accelerate launch`" not in proc.stderr
+    deprecations = [line for line in proc.stderr.splitlines() if "FutureWarning:" in line and "deprecated" in line]
+    assert len(deprecations) == 1, deprecations
 
 
-def test_python_m_trl_rpg_train_runs_in_process(tiny_setup):
-    root, model, data = tiny_setup
-    out = root / "module"
-    proc = _run([sys.executable, "-m", "trl_rpg", "train", *_train_args(model, data, out)], cwd=root)
+def _readme_cpu_command() -> list[str]:
+    """The README's quick local run on a machine without GPU, as written."""
+    import shlex
+
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("trl-rpg train --model_name_or_path ./my-model"))
+    command = []
+    for line in lines[start:]:
+        command.append(line.strip().removesuffix("\\"))
+        if not line.rstrip().endswith("\\"):
+            break
+    return shlex.split(" ".join(command))
+
+
+def test_readme_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
+    """The README's CPU command, word for word, on a data set with `prompt` + `answer` columns: it trains, and the
+    default `math_reward` scores every batch (as the example scores such data), instead of "not scored"."""
+    argv = _readme_cpu_command()
+    assert argv[:2] == ["trl-rpg", "train"] and argv[-4:] == ["--use_cpu", "True", "--bf16", "False"]
+    save_tiny_model(str(tmp_path / "my-model"))
+    pd.DataFrame({"prompt": _prompts(16), "answer": _sums(16)}).to_parquet(tmp_path / "train.parquet")
+    proc = _run(_console_script() + argv[1:], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    _check_run(out)
-    # the in-process path does not accept launcher arguments
-    with pytest.raises(ValueError, match="--num_processes"):
-        cli.main(["train", *_train_args(model, data, root / "bad"), "--num_processes", "1"], launch=False)
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    import re
+
+    scored = re.findall(r"'rewards/math_reward/mean': ('[0-9.e+-]+'|None)", proc.stdout)
+    assert scored and "None" not in scored, scored
+    assert "All reward functions returned None" not in proc.stderr
 
 
 def test_launcher_splits_training_and_accelerate_arguments(monkeypatch):
-    import accelerate.commands.launch as launch
+    from accelerate.commands import launch
 
     seen = {}
     monkeypatch.setattr(launch, "launch_command", lambda args: seen.setdefault("args", args))
@@ -133,6 +197,158 @@ def test_launcher_splits_training_and_accelerate_arguments(monkeypatch):
                                          "--rpg_divergence", "rkl", "--beta", "0.001", "--use_cpu", "True"]
     assert args.num_processes == 8
     assert Path(args.config_file).resolve() == (ROOT / "accelerate_configs" / "deepspeed_zero3.yaml").resolve()
+    assert args.num_machines is None and args.mixed_precision is None  # a config file: accelerate reads it there
+
+
+def test_launcher_passes_accelerate_the_values_it_would_pick(monkeypatch, tmp_path):
+    import accelerate.commands.config as accelerate_config
+    from accelerate.commands import launch
+
+    monkeypatch.setattr(accelerate_config, "default_config_file", str(tmp_path / "absent.yaml"))
+    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)
+    seen = []
+    monkeypatch.setattr(launch, "launch_command", seen.append)
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
+    args = seen[-1]
+    assert (args.num_processes, args.num_machines, args.mixed_precision, args.dynamo_backend) == (1, 1, "no", "no")
+    assert not args.multi_gpu
+    monkeypatch.setattr(cli, "_local_device_count", lambda: 4)  # as accelerate does on a 4-GPU machine
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
+    assert seen[-1].num_processes == 4 and seen[-1].multi_gpu
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
+                     "--num_processes", "2"]) == 0
+    assert seen[-1].num_processes == 2 and seen[-1].multi_gpu  # the user's value wins
+    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)  # no GPU: accelerate's simple launcher, unchanged
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
+                     "--num_processes", "2"]) == 0
+    assert seen[-1].num_processes == 2 and not seen[-1].multi_gpu
+
+
+def test_launcher_exits_with_the_training_process_status(tiny_setup):
+    """A training process that fails: the launcher exits with its status and prints nothing after its error (no
+    accelerate `CalledProcessError` traceback)."""
+    root, model, data = tiny_setup
+    (root / "exiting_reward.py").write_text(
+        "import sys\n\n\ndef exiting_reward(completions, **kwargs):\n"
+        "    print('exiting_reward: the reward server is down', file=sys.stderr, flush=True)\n"
+        "    sys.exit(3)\n")
+    args = _train_args(model, data, root / "failing")
+    args[args.index("_tiny.length_reward")] = "exiting_reward.exiting_reward"
+    proc = _run(_console_script() + ["train", *args], cwd=root)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "CalledProcessError" not in proc.stderr and "Traceback" not in proc.stderr
+    tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
+    assert any("the reward server is down" in line for line in tail), tail
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Mistakes: one clear message naming the thing to fix, as the last line, within seconds
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _refused(tiny_setup, *args, expect_status=2, **env):
+    """Run `trl-rpg train` with a mistake; check that it is refused quickly with status 2, before anything is
+    launched; return the last line."""
+    root, model, data = tiny_setup
+    tripwire = root / "tripwire.yaml"  # an accelerate config that cannot be read: reaching the launch would crash
+    tripwire.write_text("compute_environment: [this is not yaml\n")
+    base = ["--model_name_or_path", model, "--output_dir", str(root / "never"), "--use_cpu", "True", "--bf16", "False",
+            "--config_file", str(tripwire)]
+    if "--dataset_name" not in args:
+        base += ["--dataset_name", str(data)]
+    start = time.monotonic()
+    proc = _run(_console_script() + ["train", *base, *args], cwd=root, timeout=FAST_FAILURE_S * 2, **env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == expect_status, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert elapsed < FAST_FAILURE_S, elapsed
+    assert "Traceback" not in proc.stderr and "usage: accelerate" not in proc.stderr + proc.stdout
+    assert not (root / "never").exists()  # nothing was trained or saved
+    last = _last_line(proc.stderr)
+    assert last.startswith("trl-rpg train: error: "), last
+    return last
+
+
+def test_misspelled_flag_is_refused_with_the_closest_name(tiny_setup):
+    last = _refused(tiny_setup, "--rpg_divergnce", "urkl")
+    assert "--rpg_divergnce" in last and "did you mean --rpg_divergence?" in last
+
+
+def test_missing_local_data_file_is_reported_at_once_without_asking_the_hub(tiny_setup):
+    # with the Hub reachable in principle (not offline), at an address that refuses connections: a Hub attempt would
+    # end in a connection error, not in "no such file"
+    last = _refused(tiny_setup, "--dataset_name", "nope.parquet", HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None,
+                    HF_ENDPOINT="http://127.0.0.1:9")
+    assert "--dataset_name 'nope.parquet': no such file" in last
+
+
+def test_unknown_accelerate_config_lists_the_names(tiny_setup):
+    last = _refused(tiny_setup, "--accelerate_config", "deepspeed_zero4")
+    assert "'deepspeed_zero4'" in last
+    for name in ("deepspeed_zero3", "single_process", "zero3", "fsdp2"):  # this repository's and TRL's
+        assert f"'{name}'" in last, name
+    assert "Did you mean 'deepspeed_zero3'?" in last
+
+
+def test_indivisible_generation_batch_says_where_it_comes_from(tiny_setup):
+    last = _refused(tiny_setup, "--per_device_train_batch_size", "4", "--num_generations", "3")
+    assert ("generation batch of 16 completions = per_device_train_batch_size 4 x steps_per_generation 4 "
+            "(= rpg_generation_reuse 4 x gradient_accumulation_steps 1) x 1 process(es)") in last
+    assert "num_generations (3)" in last and "per_device_train_batch_size to a multiple of 3" in last
+
+
+def _refused_in_process(capsys, *args):
+    """The launcher's checks, called in this process (as the console script calls them): status and last line."""
+    status = cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True", *args])
+    assert status == 2
+    return _last_line(capsys.readouterr().err)
+
+
+def test_misspelled_launcher_option_and_unknown_reward_function(capsys):
+    last = _refused_in_process(capsys, "--num_proceses", "2")
+    assert last.startswith("trl-rpg train: error: unknown argument --num_proceses (did you mean --num_processes?)")
+    last = _refused_in_process(capsys, "--num_processes", "two")
+    assert last.startswith("trl-rpg train: error: launcher option argument --num_processes")
+    assert last.endswith("invalid int value: 'two'.")
+    last = _refused_in_process(capsys, "stray")
+    assert last.startswith("trl-rpg train: error: unexpected argument 'stray'")
+    last = _refused_in_process(capsys, "--reward_funcs", "math_rewrd")
+    assert "'math_rewrd'" in last and "Did you mean 'math_reward'?" in last and "'toy_reward'" in last
+
+
+def test_dataset_without_the_reward_columns_is_refused_before_launch(tiny_setup):
+    root = tiny_setup[0]
+    last = _refused(tiny_setup, "--dataset_name", str(root / "solution.parquet"))
+    assert "'math_reward'" in last
+    assert "['ground_truth', 'reward_model', 'answer']" in last  # looked for
+    assert "['prompt', 'solution']" in last  # present
+
+
+def test_in_process_train_checks_columns_before_loading_the_model(tiny_setup):
+    """`python -m trl_rpg train` (each launched process) checks the data against the reward functions before the
+    model: a model path that does not exist is never reached."""
+    root = tiny_setup[0]
+    start = time.monotonic()
+    proc = _run([sys.executable, "-m", "trl_rpg", "train", "--model_name_or_path", str(root / "no-such-model"),
+                 "--dataset_name", str(root / "solution.parquet"), "--output_dir", str(root / "never"),
+                 "--use_cpu", "True", "--bf16", "False"], cwd=root, timeout=FAST_FAILURE_S * 2)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert time.monotonic() - start < FAST_FAILURE_S
+    last = _last_line(proc.stderr)
+    assert last.startswith("python -m trl_rpg train: error: The data set lacks the columns"), last
+    assert "['prompt', 'solution']" in last and "no-such-model" not in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Pieces
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_in_process_train_refuses_launcher_options(tiny_setup, capsys):
+    root, model, data = tiny_setup
+    status = cli.main(["train", *_train_args(model, data, root / "bad"), "--num_processes", "1"], launch=False)
+    assert status == 2
+    last = _last_line(capsys.readouterr().err)
+    assert "unknown argument --num_processes" in last and "accelerate launch" in last
 
 
 def test_accelerate_config_names_and_errors(tmp_path):
@@ -145,8 +361,20 @@ def test_accelerate_config_names_and_errors(tmp_path):
     path.write_text("num_processes: 1\n")
     assert cli.resolve_accelerate_config(["--accelerate_config", str(path)])[:2] == ["--config_file", str(path)]
     assert cli.resolve_accelerate_config(["--num_processes", "2"]) == ["--num_processes", "2"]
-    with pytest.raises(ValueError, match="no-such-config"):
+    names = cli.available_accelerate_configs()
+    assert {"deepspeed_zero3", "single_process", "zero3"} <= set(names)
+    with pytest.raises(ValueError, match=r"'no-such-config'.*'deepspeed_zero3'"):
         cli.resolve_accelerate_config(["--accelerate_config", "no-such-config"])
+
+
+def test_launcher_argument_check():
+    training_flags = ["--beta", "--rpg_divergence"]
+    cli.check_launcher_arguments(["--num_processes", "2", "--config_file", "c.yaml", "--main_process_port=29500"],
+                                 training_flags)
+    with pytest.raises(ValueError, match=r"--rpg_divergnce \(did you mean --rpg_divergence\?\)"):
+        cli.check_launcher_arguments(["--rpg_divergnce", "urkl"], training_flags)
+    with pytest.raises(ValueError, match=r"--zzz, --betaa \(did you mean --beta\?\)"):
+        cli.check_launcher_arguments(["--zzz", "-1", "--betaa=2"], training_flags)
 
 
 def test_reward_names_resolve_and_unknown_ones_fail():
@@ -161,6 +389,13 @@ def test_reward_names_resolve_and_unknown_ones_fail():
     assert cli.resolve_reward_funcs(None, 16, 4) == [math_reward]  # the paper's reward by default
     with pytest.raises(ValueError, match="Unknown reward function 'nope'"):
         cli.resolve_reward_funcs(["nope"], 16, 4)
+    with pytest.raises(ValueError, match="cannot import 'fn' from 'no_such_module'"):
+        cli.resolve_reward_funcs(["no_such_module.fn"], 16, 4)
+    # the help of --reward_funcs lists every registered name
+    help_text = cli.RPGScriptArguments.__dataclass_fields__["reward_funcs"].metadata["help"]
+    from trl_rpg.rewards import REWARD_FUNCS
+
+    assert all(f"'{name}'" in help_text for name in REWARD_FUNCS)
 
 
 def test_local_data_files_are_loaded_as_the_train_split(tmp_path):
@@ -174,3 +409,17 @@ def test_local_data_files_are_loaded_as_the_train_split(tmp_path):
         cli.load_training_data(cli.RPGScriptArguments(dataset_name=str(tmp_path / "d.txt")))
     with pytest.raises(ValueError, match="No training data"):
         cli.load_training_data(cli.RPGScriptArguments(dataset_name=None))
+    for missing in ("nope.parquet", "./data/nope.jsonl", "sub/x.CSV"):
+        with pytest.raises(FileNotFoundError, match="no such file"):
+            cli.load_training_data(cli.RPGScriptArguments(dataset_name=missing))
+    cli.check_dataset_name("org/hub-dataset")  # a Hub id is left to `datasets`
+
+
+def test_cpu_machine_without_use_cpu_is_told_the_flags(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("bf16 is supported on this machine")
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o"]) == 2
+    last = _last_line(capsys.readouterr().err)
+    assert "bf16" in last and "pass --use_cpu True --bf16 False" in last

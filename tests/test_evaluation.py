@@ -307,3 +307,37 @@ def test_evaluate_benchmarks(tiny_model_and_tokenizer):
         assert math.isfinite(stats["mean_at_k"])
     with pytest.raises(ValueError):
         evaluate_benchmarks(model, tokenizer, names=("nope",), max_new_tokens=1)
+
+
+def test_evaluation_scores_like_the_training_reward():
+    """Benchmark scoring is the training reward's rule: the last committed answer wins, a list means any of them."""
+    from trl_rpg.rewards import math_reward
+
+    completions = [
+        "We need the answer: first compute x.\nx = 6, so \\boxed{42}",  # the reported case
+        "Answer: 41\nWait, that is off by one: \\boxed{42}",
+        "\\boxed{42}\nso the answer: 41 is wrong",
+        "Answer: 7",
+    ]
+    references = ["42", "42", "42", ["6", "7"]]
+    assert score_completions(completions, references) == [1.0, 1.0, 1.0, 1.0]
+    assert math_reward(completions, ground_truth=references) == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_evaluate_model_reads_the_answer_column(tiny_model_and_tokenizer, monkeypatch):
+    """Rows with a plain `answer` column (the reference columns of `math_reward`) are evaluated; rows without any
+    reference are refused with the columns looked for."""
+    import torch
+
+    model, tokenizer = tiny_model_and_tokenizer
+    rows = [{"prompt": "1+1=", "answer": "2", "problem_id": 0}, {"prompt": "2+2=", "answer": "4", "problem_id": 1}]
+
+    def scripted_generate(input_ids, attention_mask, max_new_tokens, pad_token_id, **kwargs):
+        new = tokenizer("Answer: 2", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return torch.cat([input_ids, torch.tensor([new] * len(input_ids), dtype=input_ids.dtype)], dim=1)
+
+    monkeypatch.setattr(model, "generate", scripted_generate)
+    stats = evaluate_model(model, tokenizer, rows, max_new_tokens=16, batch_size=2)
+    assert stats["ground_truths"] == ["2", "4"] and stats["scores"] == [1.0, 0.0]
+    with pytest.raises(ValueError, match="ground_truth.*reward_model.*answer"):
+        evaluate_model(model, tokenizer, [{"prompt": "1+1=", "solution": "2"}], max_new_tokens=4)

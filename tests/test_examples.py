@@ -38,29 +38,80 @@ def _dapo_rows(n):
              "extra_info": {"index": i}} for i in range(n)]
 
 
-def test_rpg_math_trains_and_evaluates_on_a_tiny_local_model(tmp_path):
-    model = save_tiny_model(str(tmp_path / "model"))
-    data = tmp_path / "train.parquet"
-    pd.DataFrame(_dapo_rows(16) + _dapo_rows(4)).to_parquet(data)  # 4 duplicated problems, dropped by dedupe
-    out = tmp_path / "out"
-    cmd = [sys.executable, str(EXAMPLES / "rpg_math.py"), "--model_name_or_path", model, "--dataset_name", str(data),
-           "--output_dir", str(out), "--max_steps", "2", "--per_device_train_batch_size", "8",
-           "--num_generations", "4", "--max_completion_length", "8", "--soft_punish_cache", "4",
-           "--learning_rate", "1e-2", "--use_cpu", "True", "--bf16", "False", "--save_strategy", "no",
-           "--gradient_checkpointing", "False",
-           "--eval_num_samples", "2", "--eval_max_problems", "1", "--eval_max_new_tokens", "4",
-           "--eval_batch_size", "8", "--eval_benchmarks", "aime24", "amc23"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+def _quick_local_run_command() -> list[str]:
+    """The "quick local run" command of `examples/rpg_math.py`'s docstring, as written."""
+    doc = _load_rpg_math().__doc__
+    lines = doc[doc.index("    python examples/rpg_math.py"):].splitlines()
+    command = []
+    for line in lines:
+        command.append(line.strip().removesuffix("\\").strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return shlex.split(" ".join(command))
+
+
+def test_quick_local_run_of_the_docstring_works_on_cpu_as_written(tmp_path):
+    """The docstring's quick local run, word for word (on CPU; `./my-model` a tiny local model and `./train.parquet`
+    plain `problem` + `answer` rows with repeats): it trains, filters on math_reward, evaluates and saves."""
+    argv = _quick_local_run_command()
+    assert argv[:2] == ["python", "examples/rpg_math.py"] and "--use_cpu" in argv and "--bf16" in argv
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    save_tiny_model(str(tmp_path / "my-model"))
+    problems = [f"what is {i}+{i + 1}?" for i in range(16)]
+    pd.DataFrame({"problem": problems + problems[:4],
+                  "answer": [str(2 * i + 1) for i in range(16)] + ["1", "3", "5", "7"]}).to_parquet(
+        tmp_path / "train.parquet")
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
+    out = tmp_path / "out"
     results = json.loads((out / "eval_results.json").read_text())
-    assert results["settings"]["train_problems"] == 16
-    assert results["settings"]["rpg_divergence"] == "urkl"
-    assert set(results["after"]) == {"aime24", "amc23"}
+    assert results["settings"]["train_problems"] == 16  # the 4 repeated problems were dropped
+    assert set(results["after"]) == {"aime24", "aime25", "amc23"}
     for stats in results["after"].values():
-        assert stats["k"] == 2 and stats["num_problems"] == 1 and 0.0 <= stats["mean_at_k"] <= 1.0
-    assert "[after] aime24: mean@2" in proc.stdout
+        assert stats["k"] == 1 and stats["num_problems"] == 2 and 0.0 <= stats["mean_at_k"] <= 1.0
+    assert "[after] aime24: mean@1" in proc.stdout
     assert (out / "model.safetensors").exists() and "2505.17508" in (out / "README.md").read_text()
+    logs = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
+    first = next(h for h in logs if "rewards/math_reward/mean" in h)
+    # math_reward scored the `answer` column; the length penalty varies but the filter reads math_reward only, which
+    # a random model never gets right: no group is kept (with the weighted total, the length penalty would keep them)
+    assert first["rewards/math_reward/mean"] == 0.0
+    assert first["rewards/soft_overlong_punishment_reward/std"] > 0
+    assert first["dynamic_sampling/groups_kept"] == 0 and first["dynamic_sampling/exhausted"] == 1
+
+
+def test_rpg_math_checks_the_reward_columns_before_loading_the_model(tmp_path):
+    m = _load_rpg_math()
+    pd.DataFrame({"problem": ["1+1"], "solution": ["2"]}).to_parquet(tmp_path / "bad.parquet")
+    script_args, args, model_args = m.make_parser().parse_args_and_config(
+        ["--model_name_or_path", str(tmp_path / "no-such-model"), "--dataset_name", str(tmp_path / "bad.parquet"),
+         "--output_dir", str(tmp_path / "out"), "--use_cpu", "True", "--bf16", "False"])
+    with pytest.raises(ValueError, match=r"'math_reward' reads one of the columns \['ground_truth', 'reward_model', "
+                                         r"'answer'\]; the data set has the columns \['problem', 'solution'\]"):
+        m.main(script_args, args, model_args)
+    with pytest.raises(FileNotFoundError, match="no such file"):  # the loader of `trl-rpg train`
+        m.main(*m.make_parser().parse_args_and_config(
+            ["--model_name_or_path", "m", "--dataset_name", "nope.parquet", "--output_dir", str(tmp_path / "out"),
+             "--use_cpu", "True"]))
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompt_answer_data_is_scored_alike_by_the_cli_and_the_example():
+    """One notion of the answer column: the CLI hands the raw `answer` column to math_reward, the example converts it
+    to `ground_truth`; both score the same."""
+    from datasets import Dataset
+
+    from trl_rpg.rewards import math_reward
+
+    m = _load_rpg_math()
+    raw = Dataset.from_dict({"prompt": ["1+1?", "2+2?", "3+3?"], "answer": ["2", "4", "6"]})
+    prepared = m.prepare_math_dataset(raw, dedupe=False)
+    completions = ["Answer: 2", "so \\boxed{5}", "no idea"]
+    by_cli = math_reward(completions, **{k: raw[k] for k in raw.column_names if k != "prompt"})
+    by_example = math_reward(completions, **{k: prepared[k] for k in prepared.column_names if k != "prompt"})
+    assert by_cli == by_example == [1.0, 0.0, 0.0]
 
 
 def test_rpg_math_prepares_problem_answer_data_with_the_paper_prompt():
@@ -81,7 +132,7 @@ def test_rpg_math_prepares_problem_answer_data_with_the_paper_prompt():
     assert len(data) == 2 and data["ground_truth"] == ["1", "3"]
     assert data[0]["prompt"] == [{"role": "user", "content": "what is 0+1"}]
 
-    with pytest.raises(ValueError, match="reference answers"):
+    with pytest.raises(ValueError, match=r"'math_reward' reads one of the columns"):
         m.prepare_math_dataset(Dataset.from_dict({"problem": ["x"]}))
     with pytest.raises(ValueError, match="`prompt`"):
         m.prepare_math_dataset(Dataset.from_dict({"text": ["x"], "answer": ["1"]}))
@@ -96,7 +147,7 @@ def test_rpg_math_prepares_problem_answer_data_with_the_paper_prompt():
 
 def test_rpg_math_defaults_are_the_papers():
     m = _load_rpg_math()
-    script_args, args, model_args = m.make_parser().parse_args_and_config(
+    script_args, args, _ = m.make_parser().parse_args_and_config(
         ["--model_name_or_path", "x", "--output_dir", "o", "--use_cpu", "True"])
     assert script_args.dataset_name == "BytedTsinghua-SIA/DAPO-Math-17k"
     assert (args.learning_rate, args.weight_decay, args.max_grad_norm) == (1e-6, 0.1, 1.0)
@@ -104,13 +155,14 @@ def test_rpg_math_defaults_are_the_papers():
     assert (args.num_generations, args.temperature, args.beta, args.epsilon, args.epsilon_high) == (
         16, 1.0, 1e-4, 0.2, 0.28)
     assert (args.rpg_dual_clip_c, args.dynamic_sampling, args.loss_type) == (10.0, True, "dapo")
+    assert args.dynamic_sampling_metric == "math_reward"  # DAPO and the paper filter on accuracy
     assert script_args.soft_punish_cache > 0 and script_args.eval_num_samples == 32
     assert set(script_args.eval_benchmarks) == {"aime24", "aime25", "amc23"}
 
 
 def _recipe_command(recipe: Path, extra_env=None) -> list[str]:
     env = {**os.environ, "DRY_RUN": "1", **(extra_env or {})}
-    proc = subprocess.run(["bash", str(recipe)], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(recipe)], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     return shlex.split(proc.stdout)
 
@@ -118,7 +170,7 @@ def _recipe_command(recipe: Path, extra_env=None) -> list[str]:
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_recipe_parses_and_uses_existing_configs(recipe):
     assert os.access(recipe, os.X_OK), f"{recipe.name} is not executable"
-    syntax = subprocess.run(["bash", "-n", str(recipe)], capture_output=True, text=True)
+    syntax = subprocess.run(["bash", "-n", str(recipe)], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
 
     argv = _recipe_command(recipe)
@@ -134,6 +186,8 @@ def test_recipe_parses_and_uses_existing_configs(recipe):
     num_processes = int(argv[argv.index("--num_processes") + 1]) if "--num_processes" in argv else 1
     # the paper's layout: 16 completions per prompt, 16 optimizer steps per rollout, constant lr after warm-up
     assert args.num_generations == 16 and args.temperature == 1.0 and args.dynamic_sampling
+    # dynamic sampling keeps the groups whose accuracy varies, said in the recipe itself (not only by the default)
+    assert args.dynamic_sampling_metric == "math_reward" and "--dynamic_sampling_metric" in argv
     assert args.steps_per_generation // args.gradient_accumulation_steps == 16
     assert args.lr_scheduler_type == "constant_with_warmup" and args.warmup_steps == 10 * 16
     assert args.max_steps == 400 * 16
@@ -157,5 +211,5 @@ def test_recipe_settings_can_be_changed_from_the_environment():
     assert value["--model_name_or_path"] == "Qwen/Qwen3-8B-Base" and value["--rpg_divergence"] == "ufkl"
     assert (value["--per_device_train_batch_size"], value["--gradient_accumulation_steps"]) == ("2", "32")
     bad = subprocess.run(["bash", str(recipe)], env={**os.environ, "DRY_RUN": "1", "MICRO_BATCH": "3"},
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert bad.returncode != 0 and "not a multiple" in bad.stderr

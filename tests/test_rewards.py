@@ -7,13 +7,21 @@ import pytest
 
 from trl_rpg import rewards
 from trl_rpg.rewards import (
-    answer_reward,
+    ANSWER_COLUMNS,
+    REWARD_FUNCS,
+    check_reward_columns,
     completion_to_text,
     extract_answer,
+    get_reward_func,
     is_equivalent,
     make_overlong_punishment,
     math_reward,
     normalize_answer,
+    reference_answer,
+    register_reward,
+    reward_columns,
+    score_answer,
+    score_completion,
 )
 
 needs_math_verify = pytest.mark.skipif(
@@ -43,6 +51,7 @@ needs_math_verify = pytest.mark.skipif(
         ("Final Answer: 113", "113"),
         ("answer: 9", "9"),
         ("Answer:\n$540$", "540"),
+        ("**Answer:**\n\n$42$", "42"),
         ("Answer: 1\nmore thinking\nAnswer: 2", "2"),
         ("First Answer: 3 then Answer: 4", "4"),
         ("Answer: 1\nAnswer: 2\nAnswer: 3", "3"),
@@ -53,18 +62,56 @@ needs_math_verify = pytest.mark.skipif(
         ("\\fbox{12}", "12"),
         ("\\boxed 5", "5"),
         ("\\boxed{3} and a truncated \\boxed{4", "3"),
-        ("Answer: 10\n(so \\boxed{11} was a typo)", "10"),  # the Answer: line wins over \boxed
         ("No final answer here.", None),
         ("", None),
         (None, None),
         ("Answer:", None),
-        ("Answer: 5\nthinking more...\nAnswer:", None),  # an empty final Answer: line does not reuse earlier ones
+        ("Answer: 5\nthinking more...\nAnswer:", "5"),  # an empty Answer: commits to nothing: the last real one wins
         ("\\boxed{5}\nAnswer:", "5"),
         ("\\boxed{", None),
+        ("Answer: \\boxed{12", None),  # a truncated box is no answer
+        ("## Answer: 7", "7"),
+        ("- **Final Answer:** $7$", "7"),
+        ("so the answer: 42", "42"),  # a marker inside a sentence counts when nothing else commits
     ],
 )
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # the reported case: an early phrase with "answer:" must not beat the final \boxed{}
+        ("We need the answer: first compute x.\nx = 6, so the total is \\boxed{42}.", "42"),
+        ("To find the answer: we add 40 and 2.\n$40 + 2 = 42$.\nThus $\\boxed{42}$", "42"),
+        # ... nor an answer line that follows it
+        ("We need the answer: first compute x.\nx = 6\nAnswer: 42", "42"),
+        # ... even with nothing after it but the phrase (it is inside a sentence: answer lines win wherever they are)
+        ("Answer: 42\nCheck: we need the answer: 42 is consistent.", "42"),
+        ("\\boxed{42}\nso this is the answer: 42 indeed", "42"),
+        # whichever form comes last wins: a revised answer replaces an earlier one
+        ("Answer: 10\nWait, I made an error. The result is \\boxed{11}", "11"),
+        ("First guess \\boxed{10}.\nRechecking...\nAnswer: 11", "11"),
+        ("\\boxed{10}\nAnswer: \\boxed{11}", "11"),
+        ("Answer: 10\nAnswer: 11", "11"),
+        # a box inside the answer line belongs to it
+        ("Answer: $\\boxed{11}$ (and not 10)", "11"),
+        # a truncated box after an answer does not replace it
+        ("Answer: 11\nor maybe \\boxed{1", "11"),
+    ],
+)
+def test_extract_answer_last_committed_answer_wins(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_reported_case_scores_right_in_training_and_evaluation():
+    from trl_rpg.evaluation import score_completions
+
+    completion = "We need the answer: first compute x.\nx = 6, so the total is \\boxed{42}."
+    assert math_reward([completion], ground_truth=["42"]) == [1.0]
+    assert math_reward([[{"role": "assistant", "content": completion}]], reward_model=[{"ground_truth": "42"}]) == [1.0]
+    assert score_completions([completion], ["42"]) == [1.0]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -266,9 +313,8 @@ def test_math_reward_length_mismatch():
         math_reward(["Answer: 1", "Answer: 2"], ground_truth=["1"])
 
 
-def test_math_reward_name_alias_and_pickle():
+def test_math_reward_name_and_pickle():
     assert math_reward.__name__ == "math_reward"
-    assert answer_reward is math_reward
     assert pickle.loads(pickle.dumps(math_reward)) is math_reward
 
 
@@ -299,3 +345,129 @@ def test_make_overlong_punishment():
     assert pickle.loads(pickle.dumps(fn))(completion_ids=[[1] * 90]) == pytest.approx([-0.5])
     with pytest.raises(ValueError):
         make_overlong_punishment(100, 200)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reference answers and the shared scoring rule
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_reference_answer_reads_the_answer_columns_in_order():
+    assert ANSWER_COLUMNS == ("ground_truth", "reward_model", "answer")
+    assert reference_answer({"ground_truth": " 7 ", "reward_model": {"ground_truth": "8"}, "answer": "9"}) == "7"
+    assert reference_answer({"ground_truth": "", "reward_model": {"ground_truth": "8"}, "answer": "9"}) == "8"
+    assert reference_answer({"ground_truth": None, "reward_model": {"style": "rule"}, "answer": 9}) == "9"
+    assert reference_answer({"answer": "12"}) == "12"
+    assert reference_answer({"ground_truth": ["1", " ", None, "2"]}) == ["1", "2"]
+    assert reference_answer({"ground_truth": [], "answer": "3"}) == "3"
+    assert reference_answer({"prompt": "x", "solution": "4"}) is None
+    assert reference_answer({"reward_model": None, "answer": "  "}) is None
+
+
+def test_score_answer_and_score_completion():
+    assert score_answer("42", "42") == 1.0
+    assert score_answer("41", "42") == 0.0
+    assert score_answer(None, "42") == 0.0  # no answer: wrong
+    assert score_answer("42", None) is None  # no reference: not scored
+    assert score_answer("42", ["", None]) is None
+    assert score_answer("8", ["9", "8"]) == 1.0
+    assert score_completion([{"role": "assistant", "content": "Answer: $\\frac{1}{2}$"}], "0.5") == 1.0
+    assert score_completion("no answer", "1") == 0.0
+
+
+def test_math_reward_answer_column():
+    """A data set with a plain `answer` column is scored (as `examples/rpg_math.py` scores it)."""
+    completions = ["Answer: 12", "Answer: 13", "\\boxed{5}"]
+    assert math_reward(completions, answer=["12", "12", 5]) == [1.0, 0.0, 1.0]
+    # ground_truth and reward_model come first
+    assert math_reward(["Answer: 1", "Answer: 2"], ground_truth=["1", None], reward_model=[None, {"ground_truth": "2"}],
+                       answer=["9", "9"]) == [1.0, 1.0]
+    with pytest.raises(ValueError, match="`answer` has 1 entries"):
+        math_reward(["Answer: 1", "Answer: 2"], answer=["1"])
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reward functions by name, and the dataset columns they read
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_reward_registry_names_and_builds():
+    assert {"math_reward", "soft_overlong_punishment", "toy_reward", "accuracy_reward", "reasoning_accuracy_reward",
+            "think_format_reward"} <= set(REWARD_FUNCS)
+    assert get_reward_func("math_reward") is math_reward
+    punish = get_reward_func("soft_overlong_punishment", max_completion_length=16, soft_punish_cache=4)
+    assert punish(completion_ids=[[1] * 12, [1] * 14]) == [0.0, -0.5]
+    # a cache longer than the completion budget is capped to it
+    capped = get_reward_func("soft_overlong_punishment", max_completion_length=8, soft_punish_cache=100)
+    assert capped(completion_ids=[[1] * 4]) == [-0.5]
+    from trl_rpg.toy import toy_reward
+
+    assert get_reward_func("toy_reward") is toy_reward
+    assert reward_columns(toy_reward) == ("answer",)
+    import trl.rewards
+
+    assert get_reward_func("accuracy_reward") is trl.rewards.accuracy_reward
+    assert reward_columns(trl.rewards.accuracy_reward) == ("solution",)
+    with pytest.raises(ValueError, match=r"Unknown reward function 'math_rewrd'.*Did you mean 'math_reward'\?"):
+        get_reward_func("math_rewrd")
+
+
+def test_register_reward_adds_a_named_builder():
+    def build(*, max_completion_length, **settings):
+        def budget_reward(completions, budget, **kwargs):
+            return [float(max_completion_length) for _ in completions]
+
+        return budget_reward
+
+    register_reward("budget_reward", columns=("budget",), help="test")(build)
+    try:
+        func = get_reward_func("budget_reward", max_completion_length=7, soft_punish_cache=0)
+        assert func(["a"], budget=[1]) == [7.0] and reward_columns(func) == ("budget",)
+        with pytest.raises(ValueError, match="'budget'"):
+            check_reward_columns([func], ["prompt"])
+    finally:
+        del REWARD_FUNCS["budget_reward"]
+
+
+def test_rewards_module_does_not_import_the_toy_task():
+    import subprocess
+    import sys
+
+    code = "import sys, trl_rpg.rewards as r; assert 'toy_reward' in r.REWARD_FUNCS; print('trl_rpg.toy' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_check_reward_columns_names_looked_for_and_present_columns():
+    with pytest.raises(ValueError) as excinfo:
+        check_reward_columns([math_reward], ["prompt", "solution"])
+    message = str(excinfo.value)
+    assert "'math_reward'" in message
+    assert "['ground_truth', 'reward_model', 'answer']" in message  # looked for
+    assert "['prompt', 'solution']" in message  # present
+    for columns in (["prompt", "answer"], ["prompt", "ground_truth"], ["reward_model"]):
+        check_reward_columns([math_reward], columns)  # any one of them is enough
+    check_reward_columns(math_reward, ["answer"])  # a single function
+    check_reward_columns([math_reward], None)  # unknown columns (streaming): not checked
+
+
+def test_check_reward_columns_accepts_any_callable():
+    import functools
+
+    def undeclared(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    class AsyncReward:
+        required_columns = "label"
+
+        async def __call__(self, completions, **kwargs):
+            return [0.0] * len(completions)
+
+    # functions without a declaration, model ids and partials of undeclared functions are not checked
+    check_reward_columns([undeclared, "org/reward-model", functools.partial(undeclared)], ["prompt"])
+    with pytest.raises(ValueError, match=r"'AsyncReward' reads the column 'label'"):
+        check_reward_columns([undeclared, AsyncReward()], ["prompt"])
+    # several functions missing their columns are all named
+    with pytest.raises(ValueError, match=r"'math_reward'.*'AsyncReward'"):
+        check_reward_columns([math_reward, AsyncReward()], ["prompt"])

@@ -44,3 +44,12 @@ def test_a_run_with_some_unscored_batches_warns_once_and_trains(tmp_path, model_
         trainer.train()
     assert len(calls) == 3 and trainer.state.global_step == 6
     assert sum(WARNING in r.getMessage() for r in caplog.records) == 1
+
+
+def test_reward_functions_that_cannot_find_their_columns_fail_before_the_model_loads(tmp_path):
+    from trl_rpg.rewards import math_reward
+
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=2, steps_per_generation=2))
+    with pytest.raises(ValueError, match=r"'math_reward' reads one of the columns \['ground_truth', 'reward_model', "
+                                         r"'answer'\].*has the columns \['prompt'\]"):
+        RPGTrainer(model="no-model-is-loaded", reward_funcs=math_reward, args=args, train_dataset=tiny_dataset())

@@ -357,20 +357,23 @@ def _check_generation_batch(args) -> None:
     say where its size comes from and what to change: TRL computes it as `per_device_train_batch_size x
     steps_per_generation x processes`, and RPG sets `steps_per_generation = rpg_generation_reuse x
     gradient_accumulation_steps` by default. A `generation_batch_size` the user set is left to TRL's own message."""
-    if args.generation_batch_size is not None or args.steps_per_generation is None or not _positive_int(
-            args.num_generations):
+    if args.generation_batch_size is not None or not _positive_int(args.num_generations):
         return
     processes = _expected_num_processes()
-    per_device, steps, groups = args.per_device_train_batch_size, args.steps_per_generation, args.num_generations
-    batch = per_device * steps * processes
-    if batch % groups == 0:
-        return
     accumulation = args.gradient_accumulation_steps
-    if args.num_iterations == 1 and steps == args.rpg_generation_reuse * accumulation:
+    per_device, steps, groups = args.per_device_train_batch_size, args.steps_per_generation, args.num_generations
+    if steps is None:  # num_iterations > 1: TRL's default
+        steps = accumulation
+        steps_text = (f"steps_per_generation {steps} (= gradient_accumulation_steps, TRL's default when "
+                      "num_iterations > 1)")
+    elif args.num_iterations == 1 and steps == args.rpg_generation_reuse * accumulation:
         steps_text = (f"steps_per_generation {steps} (= rpg_generation_reuse {args.rpg_generation_reuse} x "
                       f"gradient_accumulation_steps {accumulation})")
     else:
         steps_text = f"steps_per_generation {steps}"
+    batch = per_device * steps * processes
+    if batch % groups == 0:
+        return
     divisors = [d for d in range(2, batch + 1) if batch % d == 0][:6]
     per_device_step = groups // math.gcd(groups, steps * processes)
     fixes = [f"per_device_train_batch_size to a multiple of {per_device_step}"]

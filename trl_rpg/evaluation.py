@@ -8,8 +8,9 @@ completion per row and averaging gives mean@32:
     >>> results = evaluate_benchmarks(model, tokenizer, max_new_tokens=8192)  # doctest: +SKIP
     >>> results["aime24"]["mean_at_k"]  # doctest: +SKIP
 
-Scoring uses :func:`trl_rpg.rewards.extract_answer` and :func:`trl_rpg.rewards.is_equivalent`, i.e. the same rule as
-the training reward :func:`trl_rpg.rewards.math_reward`.
+Scoring is :func:`trl_rpg.rewards.score_completion` and the reference of a row is
+:func:`trl_rpg.rewards.reference_answer`: the very rule and columns of the training reward
+:func:`trl_rpg.rewards.math_reward`.
 
 torch / transformers are only imported by :func:`evaluate_model`.
 """
@@ -22,7 +23,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .rewards import completion_to_text, extract_answer, is_equivalent
+from .rewards import completion_to_text, extract_answer, reference_answer, score_completion
 
 if TYPE_CHECKING:  # pragma: no cover
     import datasets
@@ -34,6 +35,7 @@ __all__ = [
     "evaluate_model",
     "load_benchmark",
     "mean_at_k",
+    "problem_text",
     "score_completions",
 ]
 
@@ -67,15 +69,18 @@ def _data_file(filename: str, data_dir: str | Path | None) -> Path:
     return Path(__file__).resolve().parent / "data" / filename
 
 
-def _problem_key(row: Mapping[str, Any]) -> str:
-    """Identity of a problem: ``extra_info.raw_problem`` if present, else the prompt text."""
+def problem_text(row: Mapping[str, Any]) -> str:
+    """The problem of a data set row, which identifies it: ``extra_info.raw_problem`` if present, else the prompt
+    (a string, or the contents of its chat messages), else a ``problem`` / ``question`` column."""
     extra = row.get("extra_info")
     if isinstance(extra, Mapping) and extra.get("raw_problem"):
         return str(extra["raw_problem"])
     prompt = row.get("prompt")
     if isinstance(prompt, str):
         return prompt
-    return "\n".join(completion_to_text([m]) for m in (prompt or []))
+    if prompt:
+        return "\n".join(completion_to_text([m]) for m in prompt)
+    return str(row.get("problem", row.get("question", "")))
 
 
 def load_benchmark(name: str, data_dir: str | Path | None = None) -> datasets.Dataset:
@@ -115,12 +120,11 @@ def load_benchmark(name: str, data_dir: str | Path | None = None) -> datasets.Da
     ids: dict[str, int] = {}
     counts: dict[int, int] = {}
     for row in dataset.select_columns(["prompt", "reward_model", "extra_info"]):
-        reward_model = row.get("reward_model") or {}
-        gt = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
-        if gt is None or not str(gt).strip():
+        gold = reference_answer(row)
+        if gold is None:
             raise ValueError(f"{path.name}: a row has no reward_model.ground_truth")
-        ground_truths.append(str(gt).strip())
-        pid = ids.setdefault(_problem_key(row), len(ids))
+        ground_truths.append(gold)
+        pid = ids.setdefault(problem_text(row), len(ids))
         problem_ids.append(pid)
         sample_indices.append(counts.get(pid, 0))
         counts[pid] = counts.get(pid, 0) + 1
@@ -135,27 +139,23 @@ def load_benchmark(name: str, data_dir: str | Path | None = None) -> datasets.Da
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _score_one(completion: Any, ground_truth: Any) -> float:
-    golds = ground_truth if isinstance(ground_truth, (list, tuple)) else [ground_truth]
-    golds = [str(g).strip() for g in golds if g is not None and str(g).strip()]
-    if not golds:
-        raise ValueError("Missing ground truth for a completion.")
-    pred = extract_answer(completion_to_text(completion))
-    if pred is None:
-        return 0.0
-    return 1.0 if any(is_equivalent(pred, g) for g in golds) else 0.0
-
-
 def score_completions(completions: Sequence[Any], ground_truths: Sequence[Any]) -> list[float]:
     """Score each completion (string or chat message list) against its reference answer: 1.0 correct, 0.0 wrong.
 
-    The answer is extracted with :func:`~trl_rpg.rewards.extract_answer` (no answer counts as wrong) and compared with
+    The rule is :func:`~trl_rpg.rewards.score_completion`, the training reward's: the last answer the completion
+    commits to (:func:`~trl_rpg.rewards.extract_answer`; no answer counts as wrong), compared with
     :func:`~trl_rpg.rewards.is_equivalent`.  A reference may be a list of acceptable answers.  Raises ``ValueError`` on
     a length mismatch or a missing reference.
     """
     if len(completions) != len(ground_truths):
         raise ValueError(f"Got {len(completions)} completions but {len(ground_truths)} ground truths.")
-    return [_score_one(c, g) for c, g in zip(completions, ground_truths, strict=True)]
+    scores = []
+    for index, (completion, reference) in enumerate(zip(completions, ground_truths, strict=True)):
+        score = score_completion(completion, reference)
+        if score is None:
+            raise ValueError(f"Missing ground truth for completion {index}.")
+        scores.append(score)
+    return scores
 
 
 def mean_at_k(
@@ -212,14 +212,12 @@ def _rows(dataset: Any) -> list[dict[str, Any]]:
     return [dict(r) for r in dataset]
 
 
-def _row_gold(row: Mapping[str, Any]) -> Any:
-    gt = row.get("ground_truth")
-    if gt is None or (isinstance(gt, str) and not gt.strip()):
-        rm = row.get("reward_model")
-        gt = rm.get("ground_truth") if isinstance(rm, Mapping) else None
-    if gt is None or (isinstance(gt, str) and not gt.strip()):
-        raise ValueError("A dataset row has neither `ground_truth` nor `reward_model['ground_truth']`.")
-    return gt
+def _row_gold(row: Mapping[str, Any]) -> str | list[str]:
+    gold = reference_answer(row)
+    if gold is None:
+        raise ValueError("A dataset row has no reference answer: none of `ground_truth`, "
+                         "`reward_model['ground_truth']`, `answer`.")
+    return gold
 
 
 def _select_rows(
@@ -232,7 +230,7 @@ def _select_rows(
     for row in rows:
         pid = row.get("problem_id")
         if pid is None:
-            pid = keys.setdefault(_problem_key(row), len(keys))
+            pid = keys.setdefault(problem_text(row), len(keys))
         groups.setdefault(pid, []).append(row)
     selected_groups = list(groups.items())
     if max_problems is not None:
@@ -297,8 +295,9 @@ def evaluate_model(
     Each row's ``prompt`` (a chat message list; a plain string is used as is) is formatted with
     ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``, and the prompts are left-padded and generated
     in batches of ``batch_size``.  Rows are grouped by ``problem_id`` (added by :func:`load_benchmark`; derived from
-    ``extra_info.raw_problem`` / the prompt when absent) and the reference answer is the ``ground_truth`` column (else
-    ``reward_model["ground_truth"]``).
+    ``extra_info.raw_problem`` / the prompt when absent) and the reference answer is
+    :func:`~trl_rpg.rewards.reference_answer` (the ``ground_truth`` column, else ``reward_model["ground_truth"]``,
+    else ``answer``).
 
     Args:
         model: a ``transformers`` causal LM (anything with ``generate``); it is put in eval mode during the call and

@@ -1,14 +1,19 @@
-"""Rule-based math rewards for RPG training and benchmark evaluation.
+"""Rule-based math rewards for RPG training and benchmark evaluation, and the reward functions selectable by name.
 
 The prompts used in the RPG paper (DAPO-Math format) ask the model to finish its response with a line of the form
 ``Answer: $Answer``.  This module extracts that final answer, compares it with a reference answer and exposes the
 result as a TRL reward function:
 
-* :func:`extract_answer` -- final answer of a completion (``Answer:`` line, else last ``\\boxed{}``).
+* :func:`extract_answer` -- the last answer a completion commits to (an ``Answer:`` line or a ``\\boxed{}``).
 * :func:`normalize_answer` -- canonical string used for exact comparison.
 * :func:`is_equivalent` -- ``math-verify`` equivalence (if installed) OR normalised-string / exact-number equality.
+* :func:`reference_answer` -- a row's reference answer (:data:`ANSWER_COLUMNS`: ``ground_truth``,
+  ``reward_model.ground_truth``, ``answer``).
+* :func:`score_completion` / :func:`score_answer` -- the scoring rule shared by training and evaluation.
 * :func:`math_reward` -- TRL reward function, ``1.0`` if correct, ``0.0`` if not, ``None`` if the row has no reference.
 * :func:`make_overlong_punishment` -- DAPO soft overlong punishment, re-exported from TRL.
+* :data:`REWARD_FUNCS` / :func:`register_reward` / :func:`get_reward_func` -- reward functions by name.
+* :func:`check_reward_columns` -- fail early when a data set lacks the columns the reward functions read.
 
 The module does not import torch.  ``math-verify`` is optional and imported lazily on first use.
 """
@@ -20,18 +25,29 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
 __all__ = [
-    "answer_reward",
+    "ANSWER_COLUMNS",
+    "REWARD_FUNCS",
+    "RewardEntry",
+    "check_reward_columns",
     "completion_to_text",
     "extract_answer",
+    "get_reward_func",
     "is_equivalent",
     "make_overlong_punishment",
     "math_reward",
     "normalize_answer",
+    "reference_answer",
+    "register_reward",
+    "reward_columns",
+    "reward_func_name",
+    "score_answer",
+    "score_completion",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +68,11 @@ MAX_SYMBOLIC_ANSWER_CHARS = 200
 
 # "Answer:", "Final Answer:", "**Answer:**", "**Answer**:", "ANSWER :" ...
 _ANSWER_RE = re.compile(r"\banswer\s*(?:\*\*|__)?\s*:", re.IGNORECASE)
+# An answer line: the marker opens the line, after optional markdown (`**`, `#`, `>`, a list bullet or number) and an
+# optional "Final" / "The final" ("**Final Answer:** 7", "## Answer: 7", "- Answer: 7").
+_ANSWER_LINE_RE = re.compile(
+    r"^[ \t]*(?:(?:[#>*_+-]+|\d+[.)])[ \t]*)*(?:(?:the[ \t]+)?final[ \t]+)?answer\s*(?:\*\*|__)?\s*:", re.IGNORECASE
+)
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BOXED_NOBRACE_RE = re.compile(r"\\boxed[ \t]+([^\s${}]+)")
 
@@ -80,18 +101,22 @@ def _braced_content(text: str, open_idx: int) -> tuple[str, int] | None:
     return None
 
 
+def _boxed_answers(text: str) -> list[tuple[int, str]]:
+    """``(position, content)`` of every complete ``\\boxed{...}`` / ``\\fbox{...}`` / ``\\boxed x`` in ``text``."""
+    found: list[tuple[int, str]] = []
+    for match in _BOXED_RE.finditer(text):
+        group = _braced_content(text, match.end() - 1)
+        if group is not None:
+            found.append((match.start(), group[0]))
+    for match in _BOXED_NOBRACE_RE.finditer(text):
+        found.append((match.start(), match.group(1)))
+    return sorted(found)
+
+
 def _last_boxed(text: str) -> str | None:
     """Content of the last complete ``\\boxed{...}`` (or ``\\fbox{...}``, or ``\\boxed x``) in ``text``."""
-    candidates: list[tuple[int, str]] = []
-    for m in _BOXED_RE.finditer(text):
-        res = _braced_content(text, m.end() - 1)
-        if res is not None:
-            candidates.append((m.start(), res[0]))
-    for m in _BOXED_NOBRACE_RE.finditer(text):
-        candidates.append((m.start(), m.group(1)))
-    if not candidates:
-        return None
-    return max(candidates, key=lambda c: c[0])[1]
+    found = _boxed_answers(text)
+    return found[-1][1] if found else None
 
 
 def _strip_math_delimiters(s: str) -> str:
@@ -112,28 +137,67 @@ def _strip_math_delimiters(s: str) -> str:
 
 
 def _clean_answer(raw: str) -> str | None:
+    """The bare answer in the text after an ``Answer:`` marker, or None if there is none (empty, or only a truncated
+    ``\\boxed{``)."""
     s = _strip_math_delimiters(raw)
     boxed = _last_boxed(s)
     if boxed is not None:
         s = _strip_math_delimiters(boxed)
+    elif _BOXED_RE.search(s):  # "Answer: \boxed{12" (truncated): no answer yet
+        return None
     # remaining inline math delimiters, e.g. "$x=5$ or $x=6$" -> "x=5 or x=6"
     s = s.replace("$", "")
     s = _strip_math_delimiters(s)
     return s or None
 
 
+def _marker_answers(text: str) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The ``Answer:`` candidates of ``text``: those on answer lines (the marker opens the line) and those inside a
+    sentence ("so the answer: 42"), as ``(position, answer)``.  On a line, the text after its last marker is the
+    answer; when nothing follows, the next non-empty line (unless it has a marker of its own).  Markers followed by no
+    answer are skipped."""
+    on_lines: list[tuple[int, str]] = []
+    in_sentences: list[tuple[int, str]] = []
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    for index, line in enumerate(lines):
+        markers = list(_ANSWER_RE.finditer(line))
+        if not markers:
+            continue
+        rest = line[markers[-1].end() :]
+        answer = _clean_answer(rest)
+        if answer is None and not _strip_math_delimiters(rest):  # "Answer:\n$540$", "**Answer:**\n540"
+            following = next((i for i in range(index + 1, len(lines)) if lines[i].strip()), None)
+            if following is not None and not _ANSWER_RE.search(lines[following]):
+                answer = _clean_answer(lines[following])
+        if answer is not None:
+            is_line = _ANSWER_LINE_RE.match(line) is not None
+            (on_lines if is_line else in_sentences).append((offsets[index] + markers[-1].start(), answer))
+    return on_lines, in_sentences
+
+
 def extract_answer(text: str | None) -> str | None:
-    """Extract the final answer from a model response.
+    """Extract the final answer of a model response: the last answer the response commits to.
 
-    Rules, in order:
+    The rule:
 
-    1. The last line containing ``Answer:`` (case-insensitive; also matches ``Final Answer:``, ``**Answer:**``): the
-       text after the last ``Answer:`` on that line.  If nothing follows on that line, the next non-empty line is used
-       (earlier ``Answer:`` lines are never used).
-       The result is cleaned: surrounding whitespace, markdown ``**``, ``$...$``/``\\(...\\)``/``\\[...\\]``
-       delimiters, any remaining ``$`` and a trailing period are removed, and a ``\\boxed{...}`` wrapper is unwrapped.
-    2. Otherwise, the content of the last complete (brace-balanced) ``\\boxed{...}`` / ``\\fbox{...}``.
+    1. The response *commits* to an answer with an answer line, a line opened by an ``Answer:`` marker
+       (case-insensitive, after optional markdown ``**``/``#``/``>``/bullets and an optional ``Final``:
+       ``Answer: 540``, ``**Final Answer:** 540``), or with a complete (brace-balanced) ``\\boxed{...}`` /
+       ``\\fbox{...}``.  Of all these, the one that appears **last** in the response wins, so an answer revised later
+       replaces an earlier one, whichever form each takes.
+       On an answer line the answer is the text after the line's last marker (unwrapping a ``\\boxed{}`` there), or,
+       when nothing follows it, the next non-empty line.  A marker followed by no answer (an empty or truncated
+       ``Answer:``) commits to nothing and is skipped.
+    2. Only if there is no such answer, an ``Answer:`` marker inside a sentence (``"... so the answer: 42"``): the
+       last one followed by an answer.  Such a phrase never beats an answer line or a box, wherever it appears
+       ("we need the answer: first compute x ... \\boxed{42}" gives ``42``).
     3. Otherwise ``None``.
+
+    The answer is cleaned: surrounding whitespace, markdown ``**``, ``$...$``/``\\(...\\)``/``\\[...\\]``
+    delimiters, any remaining ``$`` and a trailing period are removed, and a ``\\boxed{...}`` wrapper is unwrapped.
 
     Examples::
 
@@ -141,31 +205,19 @@ def extract_answer(text: str | None) -> str | None:
         '540'
         >>> extract_answer("Answer: $\\\\frac{1}{2}$.")
         '\\\\frac{1}{2}'
-        >>> extract_answer("Thus \\\\boxed{\\\\frac{a}{b}}")
-        '\\\\frac{a}{b}'
+        >>> extract_answer("We need the answer: first compute x. x = 6, so \\\\boxed{42}")
+        '42'
         >>> extract_answer("no answer here") is None
         True
     """
     if not text:
         return None
-    lines = text.splitlines()
-    for li in range(len(lines) - 1, -1, -1):
-        matches = list(_ANSWER_RE.finditer(lines[li]))
-        if not matches:
-            continue
-        answer = _clean_answer(lines[li][matches[-1].end() :])
-        if answer is None:
-            # "Answer:\n$540$" -> the answer is on the following line
-            following = next((ln for ln in lines[li + 1 :] if ln.strip()), None)
-            if following is not None and not _ANSWER_RE.search(following):
-                answer = _clean_answer(following)
-        if answer is not None:
-            return answer
-        break  # the last "Answer:" line is empty (e.g. truncated): do not reuse earlier ones; try \boxed
-    boxed = _last_boxed(text)
-    if boxed is not None:
-        return _clean_answer(boxed)
-    return None
+    on_lines, in_sentences = _marker_answers(text)
+    boxes = [(start, answer) for start, content in _boxed_answers(text) if (answer := _clean_answer(content))]
+    candidates = on_lines + boxes or in_sentences
+    if not candidates:
+        return None
+    return max(candidates, key=lambda candidate: candidate[0])[1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -449,19 +501,61 @@ def completion_to_text(completion: Any) -> str:
     return "".join(parts)
 
 
-def _gold_of(ground_truth: Any, reward_model: Any) -> Any:
-    """Reference answer(s) of one row: ``ground_truth`` if set, else ``reward_model["ground_truth"]``, else None."""
-    for value in (ground_truth, reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None):
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            values = [str(v).strip() for v in value if v is not None and str(v).strip()]
-            if values:
-                return values
-            continue
-        if str(value).strip():
-            return str(value).strip()
+# ---------------------------------------------------------------------------------------------------------------------
+# Reference answers and scoring (shared by math_reward and trl_rpg.evaluation)
+# ---------------------------------------------------------------------------------------------------------------------
+
+#: The dataset columns that hold a row's reference answer, in the order they are read: a ``ground_truth`` string (or
+#: list of acceptable answers), a verl/DAPO ``reward_model`` dict with a ``"ground_truth"`` key, a plain ``answer``.
+ANSWER_COLUMNS = ("ground_truth", "reward_model", "answer")
+
+
+def _reference_values(value: Any) -> list[str]:
+    """The non-empty reference strings in one column value (a string, a number, or a list of them)."""
+    if value is None:
+        return []
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [str(v).strip() for v in values if v is not None and str(v).strip()]
+
+
+def reference_answer(row: Mapping[str, Any]) -> str | list[str] | None:
+    """The reference answer of one dataset row, read from the first of :data:`ANSWER_COLUMNS` that holds one.
+
+    ``row["ground_truth"]``, else ``row["reward_model"]["ground_truth"]``, else ``row["answer"]``; empty strings and
+    ``None`` count as missing.  Returns the stripped string, a list of strings when the column holds several
+    acceptable answers, or ``None`` when the row has no reference.
+    """
+    reward_model = row.get("reward_model")
+    for value in (row.get("ground_truth"),
+                  reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None,
+                  row.get("answer")):
+        values = _reference_values(value)
+        if values:
+            return values if isinstance(value, (list, tuple)) else values[0]
     return None
+
+
+def score_answer(answer: str | None, reference: Any) -> float | None:
+    """Score an extracted answer against a reference: ``1.0`` if :func:`is_equivalent` to it (or, for a list of
+    references, to any of them), ``0.0`` if not or if there is no answer, ``None`` if there is no reference."""
+    references = _reference_values(reference)
+    if not references:
+        return None
+    if answer is None:
+        return 0.0
+    return 1.0 if any(is_equivalent(answer, r) for r in references) else 0.0
+
+
+def score_completion(completion: Any, reference: Any) -> float | None:
+    """Score a completion (a string or a conversational message list): :func:`extract_answer` of its text, then
+    :func:`score_answer`.  This is the rule of both the training reward :func:`math_reward` and the benchmark
+    evaluation (:mod:`trl_rpg.evaluation`)."""
+    return score_answer(extract_answer(completion_to_text(completion)), reference)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL reward functions
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _column(values: Sequence[Any] | None, n: int, name: str) -> list[Any]:
@@ -477,17 +571,21 @@ def math_reward(
     completions: Sequence[Any],
     ground_truth: Sequence[Any] | None = None,
     reward_model: Sequence[Mapping[str, Any] | None] | None = None,
+    answer: Sequence[Any] | None = None,
     **kwargs: Any,
 ) -> list[float | None]:
     """TRL reward function: 1.0 if the completion's final answer matches the reference, else 0.0.
 
+    The reference of each row is :func:`reference_answer`: the ``ground_truth`` column, else ``reward_model``'s
+    ``"ground_truth"``, else ``answer``; the completion is scored by :func:`score_completion`.
+
     Args:
         completions: completions as strings, or as conversational message lists (``[{"role": "assistant",
             "content": ...}]``).
-        ground_truth: optional dataset column with the reference answer of each row (string; a list of strings
-            means "any of these").
-        reward_model: optional dataset column in the verl/DAPO parquet format: dicts with a ``"ground_truth"`` key.
-            Used for rows where ``ground_truth`` is missing or empty.
+        ground_truth: dataset column with the reference answer of each row (a string; a list of strings means "any
+            of these").
+        reward_model: dataset column in the verl/DAPO parquet format: dicts with a ``"ground_truth"`` key.
+        answer: a plain answer column (as in ``problem``/``answer`` data sets).
         **kwargs: other dataset columns and trainer-provided arguments (``prompts``, ``completion_ids``,
             ``log_extra``, ...).  If the trainer passes a ``log_extra`` callable, the extracted answers and the
             references are logged to the completions table.
@@ -497,28 +595,22 @@ def math_reward(
         row has no reference answer (TRL treats ``None`` as "not scored by this function").
     """
     n = len(completions)
-    gts = _column(ground_truth, n, "ground_truth")
-    rms = _column(reward_model, n, "reward_model")
+    columns = {name: _column(values, n, name) for name, values in
+               (("ground_truth", ground_truth), ("reward_model", reward_model), ("answer", answer))}
     rewards: list[float | None] = []
     extracted: list[str] = []
-    golds: list[str] = []
-    for completion, gt, rm in zip(completions, gts, rms, strict=True):
-        gold = _gold_of(gt, rm)
-        pred = extract_answer(completion_to_text(completion))
-        extracted.append("" if pred is None else pred)
-        golds.append("" if gold is None else (gold if isinstance(gold, str) else " | ".join(gold)))
-        if gold is None:
-            rewards.append(None)
-        elif pred is None:
-            rewards.append(0.0)
-        else:
-            candidates = [gold] if isinstance(gold, str) else gold
-            rewards.append(1.0 if any(is_equivalent(pred, g) for g in candidates) else 0.0)
+    references: list[str] = []
+    for index, completion in enumerate(completions):
+        reference = reference_answer({name: values[index] for name, values in columns.items()})
+        prediction = extract_answer(completion_to_text(completion))
+        rewards.append(score_answer(prediction, reference))
+        extracted.append("" if prediction is None else prediction)
+        references.append(" | ".join(_reference_values(reference)))
     log_extra = kwargs.get("log_extra")
     if callable(log_extra):
         try:
             log_extra("extracted_answer", extracted)
-            log_extra("ground_truth", golds)
+            log_extra("ground_truth", references)
         except Exception:  # logging must never break training
             logger.debug("log_extra failed", exc_info=True)
     return rewards
@@ -526,9 +618,8 @@ def math_reward(
 
 math_reward.__name__ = "math_reward"
 math_reward.__qualname__ = "math_reward"
-
-#: Alias of :func:`math_reward`.
-answer_reward = math_reward
+#: The dataset columns math_reward reads (any one of them): see :func:`check_reward_columns`.
+math_reward.required_columns = ANSWER_COLUMNS
 
 
 def make_overlong_punishment(max_completion_length: int, soft_punish_cache: int) -> Callable[..., list[float]]:
@@ -549,3 +640,143 @@ def make_overlong_punishment(max_completion_length: int, soft_punish_cache: int)
     from trl.rewards import get_soft_overlong_punishment  # lazy: trl imports torch
 
     return get_soft_overlong_punishment(max_completion_len=max_completion_length, soft_punish_cache=soft_punish_cache)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reward functions by name (the `--reward_funcs` of `trl-rpg train`)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RewardEntry:
+    """A reward function selectable by name: ``build(**settings)`` returns the callable.
+
+    ``settings`` are the run's ``max_completion_length`` and ``soft_punish_cache`` (a builder takes what it needs);
+    ``columns`` are the dataset columns the function reads (any one of them; empty: none).
+    """
+
+    name: str
+    build: Callable[..., Callable]
+    columns: tuple[str, ...] = ()
+    help: str = ""
+
+
+#: Registry of reward functions by name: name -> :class:`RewardEntry` (filled by :func:`register_reward`).
+REWARD_FUNCS: dict[str, RewardEntry] = {}
+
+
+def register_reward(name: str, *, columns: Sequence[str] = (), help: str = ""):
+    """Decorator registering a reward-function builder under ``name`` (the style of
+    :func:`trl_rpg.objectives.register_objective`).  The builder is called with the run's settings as keyword
+    arguments and returns the reward callable."""
+
+    def decorator(build):
+        REWARD_FUNCS[name] = RewardEntry(name=name, build=build, columns=tuple(columns), help=help)
+        return build
+
+    return decorator
+
+
+def get_reward_func(name: str, **settings: Any) -> Callable:
+    """The reward function registered as ``name``, built with ``settings`` (``max_completion_length``,
+    ``soft_punish_cache``), with its dataset columns declared (:func:`check_reward_columns` reads them).  Raises
+    ``ValueError`` naming the registered names (and the closest one) for an unknown name."""
+    entry = REWARD_FUNCS.get(name)
+    if entry is None:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(REWARD_FUNCS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"Unknown reward function {name!r}: use one of {list(REWARD_FUNCS)} or a dotted import path "
+                         f"such as 'my_lib.rewards.custom_reward'.{hint}")
+    func = entry.build(**settings)
+    if entry.columns and reward_columns(func) == ():
+        func.required_columns = entry.columns
+    return func
+
+
+@register_reward("math_reward", columns=ANSWER_COLUMNS,
+                 help="the paper's reward: 1 if the final answer (`Answer:` line or \\boxed{}) matches the reference "
+                      "(math-verify, else normalised string); reads `ground_truth`, `reward_model.ground_truth` or "
+                      "`answer` (the default)")
+def _build_math_reward(**settings: Any) -> Callable:
+    return math_reward
+
+
+@register_reward("soft_overlong_punishment",
+                 help="DAPO's soft overlong punishment (uses max_completion_length and soft_punish_cache)")
+def _build_soft_overlong_punishment(*, max_completion_length: int, soft_punish_cache: int, **settings: Any):
+    return make_overlong_punishment(max_completion_length, min(soft_punish_cache, max_completion_length))
+
+
+@register_reward("toy_reward", columns=("answer",), help="the bundled toy arithmetic task (reads `answer`)")
+def _build_toy_reward(**settings: Any) -> Callable:
+    from .toy import toy_reward  # lazy: the toy task is not part of the library
+
+    return toy_reward
+
+
+def _register_trl_reward(name: str, columns: tuple[str, ...], help: str) -> None:
+    def build(**settings: Any) -> Callable:
+        import trl.rewards  # lazy: trl imports torch
+
+        return getattr(trl.rewards, name)
+
+    register_reward(name, columns=columns, help=help)(build)
+
+
+_register_trl_reward("accuracy_reward", ("solution",), "TRL's math-verify accuracy (reads `solution`)")
+_register_trl_reward("reasoning_accuracy_reward", ("solution",),
+                     "TRL's accuracy after the reasoning block (reads `solution`)")
+_register_trl_reward("think_format_reward", (), "TRL's <think>...</think> format reward")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dataset columns the reward functions read
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def reward_columns(func: Any) -> tuple[str, ...]:
+    """The dataset columns a reward function declares it reads (its ``required_columns`` attribute; it needs any one
+    of them), or ``()`` when it declares none (then it is not checked)."""
+    declared = getattr(func, "required_columns", None)
+    if declared is None:
+        return ()
+    return (declared,) if isinstance(declared, str) else tuple(declared)
+
+
+def reward_func_name(func: Any) -> str:
+    """A readable name of a reward function (a function, a ``functools.partial``, a callable object, a model id)."""
+    if isinstance(func, str):
+        return func
+    inner = getattr(func, "func", func)  # functools.partial
+    return getattr(inner, "__name__", None) or type(inner).__name__
+
+
+def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) -> None:
+    """Check that a data set has the columns the reward functions read, before any model is loaded.
+
+    Args:
+        reward_funcs: a reward function or a list of them (any callables, model ids or modules; only those that
+            declare ``required_columns`` are checked, see :func:`reward_columns`).
+        column_names: the data set's columns (``dataset.column_names``); ``None`` (e.g. a streamed data set whose
+            columns are unknown) skips the check.
+
+    Raises:
+        ValueError: naming, for each reward function that finds none of its columns, the columns it looks for, and
+            the columns the data set has.
+    """
+    if column_names is None:
+        return
+    funcs = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str) else list(reward_funcs or [])
+    present = list(column_names)
+    missing = []
+    for func in funcs:
+        needed = reward_columns(func)
+        if needed and not any(column in present for column in needed):
+            looked_for = f"the column {needed[0]!r}" if len(needed) == 1 else f"one of the columns {list(needed)}"
+            missing.append(f"reward function {reward_func_name(func)!r} reads {looked_for}")
+    if missing:
+        raise ValueError(f"The data set lacks the columns its reward functions read: {'; '.join(missing)}; the data "
+                         f"set has the columns {present}. Rename or add a column, or choose reward functions that "
+                         "read the columns you have.")

@@ -36,6 +36,7 @@ from .loss import (
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy
+from .rewards import check_reward_columns
 from .validation import (
     ScoringTally,
     checked_reward_function,
@@ -78,6 +79,7 @@ class RPGTrainer(GRPOTrainer):
         if kwargs.get("environment_factory") is None:  # before any model is loaded
             validate_train_dataset(train_dataset)
             validate_dataset_size(train_dataset, args)
+            check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
