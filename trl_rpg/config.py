@@ -41,6 +41,9 @@ class RPGConfig(GRPOConfig):
       the sampler, w = 1 on-policy and the KL gradient vanishes; the regulariser and the clip act only on reused,
       off-policy batches (docs/math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
 
+    Every other field keeps `GRPOConfig`'s default, including `bf16=True`: on a machine without a GPU pass
+    `use_cpu=True, bf16=False` (CLI: `--use_cpu True --bf16 False`).
+
     Parameters:
         > Parameters that control the RPG objective
 
