@@ -61,16 +61,16 @@ def make_tokenizer(vocab_size: int):
 
 def make_model(directory: str, tiny: bool) -> None:
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    shape = TINY if tiny else QWEN2_0_5B
-    tokenizer = make_tokenizer(shape["vocab_size"])
-    config = Qwen2Config(**shape, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
+    from trl_rpg.toy import build_model
+
+    shape = dict(TINY if tiny else QWEN2_0_5B)
+    tokenizer = make_tokenizer(shape.pop("vocab_size"))
+    model = build_model(tokenizer, hidden_size=shape.pop("hidden_size"), num_layers=shape.pop("num_hidden_layers"),
+                        num_heads=shape.pop("num_attention_heads"), seed=0, bos_token_id=tokenizer.eos_token_id,
+                        **shape)
     dtype = torch.float32 if tiny else torch.bfloat16
-    with torch.device("cpu"):
-        model = Qwen2ForCausalLM(config).to(dtype)
+    model = model.to(dtype)
     n = sum(p.numel() for p in model.parameters())
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

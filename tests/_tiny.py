@@ -5,7 +5,9 @@ import os
 import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+from trl_rpg.toy import build_model
 
 CHARS = list("0123456789+-*=? abcdefghijklmnopqrstuvwxyz:")
 
@@ -23,15 +25,11 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def tiny_model(tokenizer=None, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Qwen2ForCausalLM:
+    """A random tiny Qwen2 for `tokenizer`, built by the package's one tiny-model builder (`trl_rpg.toy`)."""
     tokenizer = tokenizer or tiny_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config)
+    return build_model(tokenizer, hidden_size=hidden_size, num_layers=layers, num_heads=4, seed=seed,
+                       num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=128,
+                       bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
 
 
 def save_tiny_model(path: str, seed: int = 0, **kwargs) -> str:

@@ -171,9 +171,8 @@ def test_degree_ground_truth_accepts_plain_number(benchmarks):
 
 @pytest.fixture(scope="module")
 def tiny_model_and_tokenizer():
-    import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
 
     specials = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>", "<|system|>"]
     vocab = {tok: i for i, tok in enumerate(specials + sorted(set(string.printable)))}
@@ -191,20 +190,13 @@ def tiny_model_and_tokenizer():
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<eos>{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
     )
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
-    model = Qwen2ForCausalLM(config)
+    from trl_rpg.toy import build_model
+
+    model = build_model(tokenizer, hidden_size=32, num_layers=2, num_heads=4, seed=0, intermediate_size=64,
+                        num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=None,
+                        tie_word_embeddings=False)
+    model.generation_config = GenerationConfig(pad_token_id=tokenizer.pad_token_id,
+                                               eos_token_id=tokenizer.eos_token_id)  # sampling as requested
     return model, tokenizer
 
 

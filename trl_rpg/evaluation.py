@@ -12,7 +12,7 @@ Scoring is :func:`trl_rpg.rewards.score_completion` and the reference of a row i
 :func:`trl_rpg.rewards.reference_answer`: the very rule and columns of the training reward
 :func:`trl_rpg.rewards.math_reward`.
 
-torch / transformers are only imported by :func:`evaluate_model`.
+torch / transformers are only imported by :func:`generate_completions` (and so :func:`evaluate_model`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +32,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BENCHMARKS",
+    "Generations",
     "evaluate_benchmarks",
     "evaluate_model",
+    "generate_completions",
     "load_benchmark",
     "mean_at_k",
     "problem_text",
@@ -273,6 +276,75 @@ def _prompt_text(tokenizer: Any, prompt: Any, chat_template_kwargs: Mapping[str,
     )
 
 
+@dataclass
+class Generations:
+    """What `generate_completions` returns, one entry per prompt."""
+
+    texts: list[str]  # decoded completions, special tokens stripped
+    lengths: list[int]  # tokens, up to and including EOS
+    truncated: list[bool]  # no EOS within max_new_tokens
+
+
+def generate_completions(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
+                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, batch_size: int = 32,
+                         seed: int | None = None, generation_kwargs: Mapping[str, Any] | None = None) -> Generations:
+    """Generate one completion per (already formatted) prompt: left-padded, batched ``model.generate``.
+
+    ``temperature=0`` decodes greedily, otherwise samples with ``temperature``, ``top_p``, ``top_k`` (0 = off, which
+    overrides a model's default ``generation_config.top_k``). ``seed`` seeds python / numpy / torch
+    (``transformers.set_seed``) first; ``generation_kwargs`` override the rest. The model is put in eval mode and its
+    training mode restored; the tokenizer's padding side (and a missing pad token, for which EOS stands in) too.
+    Used by the benchmark evaluation (:func:`evaluate_model`) and by the toy task's evaluation.
+    """
+    import torch  # lazy: the data / scoring helpers do not need torch
+    from transformers import set_seed
+
+    eos_ids = _eos_ids(model, tokenizer)
+    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if temperature and temperature > 0:
+        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
+    else:
+        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+    if getattr(getattr(model, "generation_config", None), "eos_token_id", None) is None and eos_ids:
+        gen_kwargs["eos_token_id"] = sorted(eos_ids)
+    gen_kwargs.update(dict(generation_kwargs or {}))
+
+    old_padding_side, old_pad_token = tokenizer.padding_side, tokenizer.pad_token
+    was_training = getattr(model, "training", False)
+    device = next(model.parameters()).device
+    out = Generations([], [], [])
+    try:
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            if tokenizer.eos_token is None:
+                raise ValueError("The tokenizer has neither a pad token nor an EOS token.")
+            tokenizer.pad_token = tokenizer.eos_token
+        gen_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+        model.eval()
+        if seed is not None:
+            set_seed(seed)
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
+                              add_special_tokens=False).to(device)
+            with torch.no_grad():
+                ids = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                     **gen_kwargs)
+            for row in ids[:, batch["input_ids"].shape[1] :].tolist():
+                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
+                out.truncated.append(end is None)
+                row = row if end is None else row[: end + 1]
+                out.lengths.append(len(row))
+                out.texts.append(tokenizer.decode(row, skip_special_tokens=True))
+            logger.info("generate_completions: %d/%d completions", len(out.texts), len(prompts))
+    finally:
+        tokenizer.padding_side = old_padding_side
+        if old_pad_token is None:
+            tokenizer.pad_token = None
+        if was_training:
+            model.train()
+    return out
+
+
 def evaluate_model(
     model: Any,
     tokenizer: Any,
@@ -326,9 +398,6 @@ def evaluate_model(
         (completions without EOS within ``max_new_tokens``), ``generation`` (the settings used) and, if
         ``return_completions``, the per-row lists named above.
     """
-    import torch  # lazy: the data / scoring helpers do not need torch
-    from transformers import set_seed
-
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     if batch_size < 1:
@@ -339,58 +408,10 @@ def evaluate_model(
     ground_truths = [_row_gold(r) for r in rows]
     prompts = [_prompt_text(tokenizer, r["prompt"], chat_template_kwargs) for r in rows]
 
-    eos_ids = _eos_ids(model, tokenizer)
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    if temperature and temperature > 0:
-        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
-    else:
-        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if getattr(getattr(model, "generation_config", None), "eos_token_id", None) is None and eos_ids:
-        gen_kwargs["eos_token_id"] = sorted(eos_ids)
-    gen_kwargs.update(dict(generation_kwargs or {}))
-
-    old_padding_side = tokenizer.padding_side
-    old_pad_token = tokenizer.pad_token
-    was_training = getattr(model, "training", False)
-    device = next(model.parameters()).device
-    completions: list[str] = []
-    lengths: list[int] = []
-    truncated: list[bool] = []
-    try:
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            if tokenizer.eos_token is None:
-                raise ValueError("The tokenizer has neither a pad token nor an EOS token.")
-            tokenizer.pad_token = tokenizer.eos_token
-        gen_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-        model.eval()
-        set_seed(seed)
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(
-                prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-            ).to(device)
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **gen_kwargs
-                )
-            new_tokens = out[:, batch["input_ids"].shape[1] :].tolist()
-            for ids in new_tokens:
-                end = next((i for i, t in enumerate(ids) if t in eos_ids), None)
-                if end is None:
-                    lengths.append(len(ids))
-                    truncated.append(True)
-                else:
-                    lengths.append(end + 1)
-                    truncated.append(False)
-                    ids = ids[: end + 1]
-                completions.append(tokenizer.decode(ids, skip_special_tokens=True))
-            logger.info("evaluate_model: generated %d/%d completions", len(completions), len(prompts))
-    finally:
-        tokenizer.padding_side = old_padding_side
-        if old_pad_token is None:
-            tokenizer.pad_token = None
-        if was_training:
-            model.train()
+    generated = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                     temperature=temperature, top_p=top_p, top_k=top_k, batch_size=batch_size,
+                                     seed=seed, generation_kwargs=generation_kwargs)
+    completions, lengths, truncated = generated.texts, generated.lengths, generated.truncated
 
     scores = score_completions(completions, ground_truths)
     stats = mean_at_k(scores, problem_ids)

@@ -360,23 +360,12 @@ def make_dataset(n: int, seed: int = 0, split: str = "train", **task_kw):
 _ANSWER_RE = re.compile(r"=\s*(-?\d+)\s*$")
 
 
-def _completion_text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    if isinstance(completion, Sequence):  # chat list: use the (last) assistant message
-        texts = [m.get("content", "") for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
-        if not texts:
-            texts = [m.get("content", "") for m in completion if isinstance(m, dict)]
-        return str(texts[-1]) if texts else ""
-    return str(completion)
-
-
 def extract_answer(completion: Any) -> str | None:
     """The final answer of a completion (string or chat list): the integer after the last ``"="`` when the completion
     ends with it (e.g. ``"7+5=12,12-3=9"`` -> ``"9"``), else ``None``."""
-    match = _ANSWER_RE.search(_completion_text(completion).strip())
+    from trl_rpg.rewards import completion_to_text
+
+    match = _ANSWER_RE.search(completion_to_text(completion).strip())
     return match.group(1) if match else None
 
 
@@ -500,7 +489,6 @@ def sft_warmup(
     return losses
 
 
-@torch.no_grad()
 def generate_completions(
     model,
     tokenizer,
@@ -510,34 +498,12 @@ def generate_completions(
     batch_size: int = EVAL_BATCH_SIZE,
     temperature: float = 1.0,
 ) -> list[str]:
-    """Decode one completion per prompt (left-padded batched ``generate``); special tokens are stripped."""
-    was_training = model.training
-    model.eval()
-    prompts = _prompt_strings(tokenizer, dataset)
-    old_side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    texts: list[str] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            enc = tokenizer(
-                prompts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-            )
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            gen_kw = {
-                "max_new_tokens": max_new_tokens,
-                "eos_token_id": tokenizer.eos_token_id,
-                "pad_token_id": tokenizer.pad_token_id,
-            }
-            if greedy:
-                gen_kw.update(do_sample=False)
-            else:
-                gen_kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-            out = model.generate(**enc, **gen_kw)
-            texts.extend(tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True))
-    finally:
-        tokenizer.padding_side = old_side
-        model.train(was_training)
-    return texts
+    """Decode one completion per prompt of ``dataset`` (greedy, or sampled at ``temperature``); special tokens are
+    stripped. The generation loop is :func:`trl_rpg.evaluation.generate_completions`."""
+    from trl_rpg.evaluation import generate_completions as generate
+
+    return generate(model, tokenizer, _prompt_strings(tokenizer, dataset), max_new_tokens=max_new_tokens,
+                    temperature=0.0 if greedy else temperature, batch_size=batch_size).texts
 
 
 def evaluate_accuracy(
