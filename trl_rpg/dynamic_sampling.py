@@ -191,9 +191,9 @@ class RoundBuffer:
     def __init__(self, target_groups: int, num_generations: int, local_batch_size: int, world_size: int, rank: int,
                  fill: bool):
         self.target = target_groups
-        self.G = num_generations
-        self.B = local_batch_size
-        self.W = world_size
+        self.group_size = num_generations
+        self.local_rows = local_batch_size
+        self.world_size = world_size
         self.rank = rank
         self.fill = fill
         self.records: list[GroupRecord] = []
@@ -216,21 +216,21 @@ class RoundBuffer:
         return self.groups_informative >= self.target
 
     def add_round(self, batch: dict[str, Any], informative: torch.Tensor, spread: torch.Tensor) -> None:
-        _check_fields(batch, self.B)
-        if informative.numel() * self.G != self.B * self.W:
-            raise ValueError(f"{informative.numel()} groups of {self.G} do not match {self.W} processes x {self.B} "
-                             "rows.")
+        _check_fields(batch, self.local_rows)
+        if informative.numel() * self.group_size != self.local_rows * self.world_size:
+            raise ValueError(f"{informative.numel()} groups of {self.group_size} do not match {self.world_size} "
+                             f"processes x {self.local_rows} rows.")
         round_index = len(self.rounds)
         self.records += [GroupRecord(round_index, g, bool(i), float(s))
                          for g, (i, s) in enumerate(zip(informative.tolist(), spread.tolist()))]
-        self.rounds.append((batch, list(range(self.B))))
+        self.rounds.append((batch, list(range(self.local_rows))))
         self._prune()
 
     def _prune(self) -> None:
         wanted: dict[int, set[int]] = {}
-        lo, hi = self.rank * self.B, (self.rank + 1) * self.B
+        lo, hi = self.rank * self.local_rows, (self.rank + 1) * self.local_rows
         for rec in select_groups(self.records, self.target, self.fill):
-            for row in range(rec.group * self.G, (rec.group + 1) * self.G):
+            for row in range(rec.group * self.group_size, (rec.group + 1) * self.group_size):
                 if lo <= row < hi:
                     wanted.setdefault(rec.round, set()).add(row - lo)
         for k, (batch, index) in enumerate(self.rounds):
@@ -261,7 +261,7 @@ class RoundBuffer:
         outgoing dict, in rank order. It is called on every process or on none (the plan is the same everywhere).
         """
         selected = select_groups(self.records, self.target, self.fill)
-        plans = plan_layout(selected, self.G, self.B, self.W)
+        plans = plan_layout(selected, self.group_size, self.local_rows, self.world_size)
         mine = plans[self.rank]
         parts = self.rows(mine.keep)
         if any(p.send for p in plans):
@@ -274,8 +274,8 @@ class RoundBuffer:
                 parts.append(to_device(incoming[src][self.rank], device) if device is not None
                              else incoming[src][self.rank])
         merged = merge_rows(parts, pad_token_id)
-        if num_rows(merged) != self.B:
-            raise RuntimeError(f"Assembled {num_rows(merged)} rows, expected {self.B}.")
+        if num_rows(merged) != self.local_rows:
+            raise RuntimeError(f"Assembled {num_rows(merged)} rows, expected {self.local_rows}.")
         return merged, selected, mine
 
 
@@ -302,13 +302,13 @@ class PromptStream:
         self.dataset = dataset
         self.seed = int(seed)
         self.shuffle = shuffle
-        self.G = num_generations
-        self.B = local_batch_size
-        self.W = world_size
+        self.group_size = num_generations
+        self.local_rows = local_batch_size
+        self.world_size = world_size
         self.rank = rank
-        if (self.B * self.W) % self.G:
+        if (self.local_rows * self.world_size) % self.group_size:
             raise ValueError(f"{world_size} x {local_batch_size} rows do not split into groups of {num_generations}.")
-        self.prompts_per_round = self.B * self.W // self.G
+        self.prompts_per_round = self.local_rows * self.world_size // self.group_size
         self.map_style = hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")
         self._perm: tuple[int, torch.Tensor] | None = None
         self._iter: tuple[int, int, Any] | None = None  # (epoch, position, iterator) for iterable datasets
@@ -334,7 +334,8 @@ class PromptStream:
 
     def _rank_slice(self) -> list[int]:
         """Stream positions (relative to the cursor) of this process's rows."""
-        return [row // self.G for row in range(self.rank * self.B, (self.rank + 1) * self.B)]
+        first = self.rank * self.local_rows
+        return [row // self.group_size for row in range(first, first + self.local_rows)]
 
     def draw(self, cursor: int) -> tuple[list[dict], int]:
         """This process's rows of the next round, and the new cursor."""
@@ -437,7 +438,7 @@ class DynamicSampler:
         if metric is not None and metric not in reward_func_names:
             raise ValueError(f"RPGConfig: `dynamic_sampling_metric`={metric!r} is not allowed; choose the name of "
                              f"one reward function, one of {list(reward_func_names)}, or None for the weighted total.")
-        self.G = num_generations
+        self.group_size = num_generations
         self.max_rounds = max_rounds
         self.fill = on_exhausted == "train"
         self.column = None if metric is None else list(reward_func_names).index(metric)
@@ -451,14 +452,15 @@ class DynamicSampler:
     def signal(self, rewards_per_func: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`group_reward_signal` on the metric's rewards."""
         if self.column is None:
-            return group_reward_signal(rewards_per_func, self.weights, self.G, self.aggregation)
+            return group_reward_signal(rewards_per_func, self.weights, self.group_size, self.aggregation)
         rewards = rewards_per_func[:, self.column:self.column + 1]
-        return group_reward_signal(rewards, torch.ones(1), self.G, "sum_then_normalize")
+        return group_reward_signal(rewards, torch.ones(1), self.group_size, "sum_then_normalize")
 
     def stream(self, local_batch_size: int) -> PromptStream:
         if local_batch_size not in self._streams:
             self._streams[local_batch_size] = PromptStream(
-                self.dataset, self.seed, self.shuffle, self.G, local_batch_size, self.comm.world_size, self.comm.rank)
+                self.dataset, self.seed, self.shuffle, self.group_size, local_batch_size, self.comm.world_size,
+                self.comm.rank)
         return self._streams[local_batch_size]
 
     def collect(self, inputs: list[dict], generate_and_score: Callable, state: dict
@@ -476,20 +478,20 @@ class DynamicSampler:
             and the gathered rewards of every round. With `on_exhausted="raise"` an exhausted batch raises
             `RuntimeError` (after `stats` are final: the caller is not called back).
         """
-        B, W = len(inputs), self.comm.world_size
-        target = B * W // self.G
+        local_rows, world_size = len(inputs), self.comm.world_size
+        target = local_rows * world_size // self.group_size
         cursor = int(state.get("prompts_drawn", 0))
         exhausted_total = int(state.get("exhausted_batches", 0))
-        buffer = RoundBuffer(target, self.G, B, W, self.comm.rank, fill=self.fill)
+        buffer = RoundBuffer(target, self.group_size, local_rows, world_size, self.comm.rank, fill=self.fill)
         all_rewards = []
         batch = inputs
         for round_index in range(self.max_rounds):
             if round_index > 0:
-                batch, cursor = self.stream(B).draw(cursor)
+                batch, cursor = self.stream(local_rows).draw(cursor)
             output, rewards = generate_and_score(batch)
-            if rewards.size(0) != B * W:
-                raise RuntimeError(f"dynamic_sampling expected the rewards of {B * W} completions, got "
-                                   f"{rewards.size(0)}.")
+            if rewards.size(0) != local_rows * world_size:
+                raise RuntimeError(f"dynamic_sampling expected the rewards of {local_rows * world_size} completions, "
+                                   f"got {rewards.size(0)}.")
             all_rewards.append(rewards)
             informative, spread = self.signal(rewards)
             buffer.add_round(output, informative, spread)

@@ -198,8 +198,8 @@ class ReferencePolicy:
             from .checkpoint import CheckpointError
 
             raise CheckpointError(f"The reference snapshot does not match the reference ({len(tensors)} tensors for "
-                                  f"{len(named)} parameters; first missing: {missing[:3]}); was the checkpoint written "
-                                  "with another model or PEFT config?")
+                                  f"{len(named)} parameters; first missing: {missing[:3]}); was the checkpoint "
+                                  "written with another model or PEFT config?")
         scatter_from_cpu([p for _, p in named], [tensors[n] for n, _ in named])
 
 

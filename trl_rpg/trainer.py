@@ -407,7 +407,4 @@ class _ReferenceSchedule(TrainerCallback):
         return control
 
 
-#: Re-exported: the newest complete checkpoint in an output directory.
-last_complete_checkpoint = checkpoint.last_complete_checkpoint
-
-__all__ = ["RPGTrainer", "last_complete_checkpoint"]
+__all__ = ["RPGTrainer"]
