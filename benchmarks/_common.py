@@ -10,6 +10,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
@@ -43,10 +44,10 @@ def machine_info() -> dict:
     except OSError:
         pass
     try:
-        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                            cwd=HERE, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=HERE,
-                               timeout=10).stdout.strip()
+        info["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True,
+                                            text=True, cwd=HERE, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], check=False, capture_output=True, text=True,
+                               cwd=HERE, timeout=10).stdout.strip()
         info["git_dirty"] = bool(dirty)
     except (OSError, subprocess.SubprocessError):
         info["git_commit"] = "unknown"
@@ -115,3 +116,296 @@ def _clean(o):
     if isinstance(o, (list, tuple)):
         return [_clean(v) for v in o]
     return o
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Ratios and intervals of measured quantities
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: What a table prints for a ratio whose denominator measured 0 (or is missing).
+UNDEFINED = "undefined"
+
+
+def ratio(numerator, denominator) -> float | None:
+    """``numerator / denominator`` of two measured quantities, or ``None`` when it is undefined (a missing or
+    non-finite value, or a denominator that measured 0)."""
+    if numerator is None or denominator is None:
+        return None
+    if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def fmt_ratio(x, digits=3) -> str:
+    """A ratio for a table: :data:`UNDEFINED` when :func:`ratio` returned ``None``."""
+    return UNDEFINED if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.{digits}f}"
+
+
+# two-sided 95% Student-t quantiles by degrees of freedom
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
+       12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06, 29: 2.05, 39: 2.02, 59: 2.00, 119: 1.98}
+
+
+def t95(df: int) -> float:
+    """Two-sided 95% Student-t quantile for ``df`` degrees of freedom (the nearest tabulated df below)."""
+    return T95.get(df) or T95[max(k for k in T95 if k <= df)]
+
+
+def ci95(xs) -> dict:
+    """Mean and 95% t-interval half-width of (paired) differences; the half-width is NaN below 2 values."""
+    mean, sd = mean_std(xs)
+    n = len([x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))])
+    if n < 2:
+        return {"mean": mean, "half_width": float("nan"), "n": n}
+    return {"mean": mean, "half_width": t95(n - 1) * sd / math.sqrt(n), "n": n}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The toy task: frozen task code, cached SFT start per seed, worker processes (learning.py, offpolicy.py)
+# ----------------------------------------------------------------------------------------------------------------------
+#
+# Functions here take a settings object with the fields ``toy_path``, ``cache_dir``, ``sft_steps``,
+# ``num_train_problems`` and ``eval_problems`` (both benchmarks' ``Settings`` have them).
+
+
+def init_worker() -> None:
+    """One torch thread per process (tiny models oversubscribe a small CPU otherwise), quiet libraries."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    torch.set_num_threads(1)
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001, S110  (quieting is best effort)  # pragma: no cover
+        pass
+
+
+_TOY_MODULES: dict = {}
+
+
+def toy_fingerprint(path: str | None = None) -> str:
+    """Short hash of the toy task code: a cached checkpoint is reused only with the code it was built for."""
+    import hashlib
+
+    if path is None:
+        from trl_rpg import toy
+
+        path = toy.__file__
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:10]
+
+
+def freeze_toy(s) -> None:
+    """Copy ``trl_rpg/toy.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
+    task, data and reward code even if the package file changes while the benchmark runs."""
+    if s.toy_path is not None:
+        return
+    import shutil
+
+    from trl_rpg import toy
+
+    fp = toy_fingerprint(toy.__file__)
+    dest = os.path.join(s.cache_dir, fp, "toy_frozen.py")
+    if not os.path.exists(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(toy.__file__, dest + ".tmp")
+        os.replace(dest + ".tmp", dest)
+    s.toy_path = dest
+
+
+def toy_module(s):
+    """The frozen toy module of this benchmark (``trl_rpg.toy`` itself when none was frozen)."""
+    if s.toy_path is None:
+        from trl_rpg import toy
+
+        return toy
+    if s.toy_path not in _TOY_MODULES:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location(f"_trl_rpg_toy_{toy_fingerprint(s.toy_path)}", s.toy_path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _TOY_MODULES[s.toy_path] = module
+    return _TOY_MODULES[s.toy_path]
+
+
+def checkpoint_dir(s, seed: int) -> str:
+    """Where the SFT start of ``seed`` is cached (keyed by the toy code's hash and the SFT length)."""
+    tag = f"seed{seed}" + (f"-sft{s.sft_steps}" if s.sft_steps is not None else "")
+    return os.path.join(s.cache_dir, toy_fingerprint(s.toy_path), tag)
+
+
+def build_checkpoint(s, seed: int) -> dict:
+    """Build (or load from the cache) the SFT'd toy model for ``seed``; return its path and held-out accuracy."""
+    init_worker()
+    toy = toy_module(s)
+    kw = {"num_train_problems": s.num_train_problems}
+    if s.sft_steps is not None:
+        kw["sft_steps"] = s.sft_steps
+    t0 = time.perf_counter()
+    path = checkpoint_dir(s, seed)
+    model, tokenizer = toy.build_toy_model(path, seed=seed, **kw)
+    build_s = time.perf_counter() - t0
+    acc = toy.evaluate_accuracy(model, tokenizer, eval_dataset(s))
+    return {"seed": seed, "path": path, "sft_accuracy": acc, "build_s": round(build_s, 1)}
+
+
+def eval_dataset(s):
+    """The held-out problems (test split, fixed seed) every run of a benchmark is evaluated on."""
+    toy = toy_module(s)
+    return toy.make_dataset(s.eval_problems, seed=toy.EVAL_SEED, split="test")
+
+
+#: Fields of a benchmark's settings that override ``toy.RECOMMENDED_RL_ARGS`` when not None.
+RL_OVERRIDABLE = ("per_device_train_batch_size", "num_generations", "learning_rate", "temperature",
+                  "max_completion_length")
+
+
+def toy_rl_kwargs(s, seed: int, out: str, reuse: int, max_steps: int, overrides: dict) -> dict:
+    """``GRPOConfig``/``RPGConfig`` keyword arguments of one toy run: ``toy.RECOMMENDED_RL_ARGS``, the settings'
+    overrides, the batch layout (``reuse`` optimizer steps per generation batch, no accumulation), then
+    ``overrides`` (the method's own settings)."""
+    args = dict(toy_module(s).RECOMMENDED_RL_ARGS)
+    for name in RL_OVERRIDABLE:
+        if getattr(s, name, None) is not None:
+            args[name] = getattr(s, name)
+    args.update(
+        output_dir=out, seed=seed, data_seed=seed, max_steps=max_steps,
+        gradient_accumulation_steps=1, steps_per_generation=reuse,
+        use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
+        dataloader_num_workers=0, log_level="error",
+    )
+    args.pop("generation_batch_size", None)
+    args.update(overrides)
+    return args
+
+
+def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), after_train=None) -> dict:
+    """Train ``trainer_cls`` (``RPGTrainer``, ``GRPOTrainer`` or a subclass) from the seed's cached SFT start.
+
+    Held-out accuracy is measured before training and every ``eval_every`` optimizer steps (and at the end).
+    Returns the accuracy curve, the mean reward of every generation batch, the number of completions generated
+    (scored), a digest of the prompts in the order they were scored (equal digests = same prompts, same order),
+    the optimizer steps done, the seconds of training (``train_s``, which includes the evaluations, ``eval_s``),
+    the logged values of ``log_keys`` (names; an entry ending in "/" is a prefix) as one
+    dict per log call. ``after_train(trainer)`` may return more entries for the result (e.g. what a
+    recording trainer subclass collected).
+    """
+    import hashlib
+
+    init_worker()
+    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+
+    toy = toy_module(s)
+    t0 = time.perf_counter()
+    path = checkpoint_dir(s, seed)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eval_ds = eval_dataset(s)
+    train_ds = toy.make_dataset(s.num_train_problems, seed=seed, split="train")
+    max_steps = config.max_steps
+
+    rewards: list[float] = []  # mean reward of each generation batch, in order
+    samples = [0]
+    digest = hashlib.sha256()
+
+    def reward(prompts, completions, answer, **kw):
+        r = toy.toy_reward(completions, answer)
+        rewards.append(sum(r) / max(1, len(r)))
+        samples[0] += len(r)
+        for p in prompts:
+            digest.update(json.dumps(p, sort_keys=True).encode())
+        return r
+
+    reward.__name__ = "toy_reward"
+    curve: list[tuple[int, float]] = []
+    log_rows: list[dict] = []
+    eval_s = [0.0]
+
+    def evaluate(step, model):
+        t = time.perf_counter()
+        curve.append((step, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
+        eval_s[0] += time.perf_counter() - t
+
+    class Eval(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            evaluate(0, model)
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            step = state.global_step
+            if step % eval_every == 0 or step == max_steps:
+                evaluate(step, model)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                keep = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and (
+                    k in log_keys or any(k.startswith(p) for p in log_keys if p.endswith("/")))}
+                keep["step"] = state.global_step
+                log_rows.append(keep)
+
+    trainer = trainer_cls(model=path, reward_funcs=reward, args=config, train_dataset=train_ds,
+                          processing_class=tokenizer, callbacks=[Eval()])
+    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
+    t1 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t1
+    result = {"accuracy": [(st, round(a, 5)) for st, a in curve], "rewards": [round(x, 5) for x in rewards],
+              "samples": samples[0], "prompt_digest": digest.hexdigest()[:16], "steps": trainer.state.global_step,
+              "start": path, "train_s": round(train_s, 1), "eval_s": round(eval_s[0], 1), "logs": log_rows}
+    if after_train is not None:
+        result.update(after_train(trainer))
+    result["total_s"] = round(time.perf_counter() - t0, 1)
+    return result
+
+
+class WorkerPool:
+    """``workers`` spawned processes with one torch thread each (:func:`init_worker`), or inline when
+    ``workers <= 1``. :meth:`map` runs ``fn(*job)`` for every job and calls ``on_result(index, result)`` as each
+    finishes (so a long benchmark can save partial results); it returns the results in job order."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool = None
+
+    def __enter__(self):
+        if self.workers > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=init_worker)
+        else:
+            init_worker()
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=exc[0] is not None)
+        return False
+
+    def map(self, fn, jobs: list[tuple], on_result=None) -> list:
+        results = [None] * len(jobs)
+        if self._pool is None:
+            for i, job in enumerate(jobs):
+                results[i] = fn(*job)
+                if on_result is not None:
+                    on_result(i, results[i])
+            return results
+        from concurrent.futures import as_completed
+
+        futures = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        for future in as_completed(futures):
+            i = futures[future]
+            results[i] = future.result()
+            if on_result is not None:
+                on_result(i, results[i])
+        return results

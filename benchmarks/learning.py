@@ -23,10 +23,28 @@ import os
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
-from ._common import CACHE_DIR, RESULTS_DIR, fmt, loadavg, machine_info, markdown_table, mean_std, write_json
+from ._common import (
+    CACHE_DIR,
+    RESULTS_DIR,
+    WorkerPool,
+    build_checkpoint,
+    checkpoint_dir,  # noqa: F401  (part of this module's interface)
+    ci95,
+    fmt,
+    freeze_toy,
+    init_worker,
+    loadavg,
+    machine_info,
+    markdown_table,
+    mean_std,
+    toy_fingerprint,
+    toy_module,
+    toy_rl_kwargs,
+    toy_rl_run,
+    write_json,
+)
 
 # KL coefficient of the KL-regularised methods. The paper's 1e-4 does nothing measurable in a 100-step toy run; 0.04 is
 # the DeepSeekMath / former TRL GRPO default, used for GRPO and, unchanged, for every RPG variant.
@@ -34,25 +52,27 @@ KL_BETA = 0.04
 REUSE = 4  # optimizer steps per generation batch (batch reuse: steps 2..4 of each batch are off-policy)
 
 METHODS: dict[str, dict] = {
-    "RPG-REINFORCE-UFKL": dict(trainer="rpg", rpg_divergence="ufkl", rpg_estimator="reinforce"),
-    "RPG-REINFORCE-URKL": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce"),
-    "RPG-UFKL": dict(trainer="rpg", rpg_divergence="ufkl", rpg_estimator="differentiable"),
-    "RPG-URKL": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="differentiable"),
-    "GRPO": dict(trainer="grpo", loss_type="grpo", beta=KL_BETA, epsilon=0.2, scale_rewards="group"),
-    "DAPO": dict(trainer="grpo", loss_type="dapo", beta=0.0, epsilon=0.2, epsilon_high=0.28, scale_rewards="group"),
+    "RPG-REINFORCE-UFKL": {"trainer": "rpg", "rpg_divergence": "ufkl", "rpg_estimator": "reinforce"},
+    "RPG-REINFORCE-URKL": {"trainer": "rpg", "rpg_divergence": "urkl", "rpg_estimator": "reinforce"},
+    "RPG-UFKL": {"trainer": "rpg", "rpg_divergence": "ufkl", "rpg_estimator": "differentiable"},
+    "RPG-URKL": {"trainer": "rpg", "rpg_divergence": "urkl", "rpg_estimator": "differentiable"},
+    "GRPO": {"trainer": "grpo", "loss_type": "grpo", "beta": KL_BETA, "epsilon": 0.2, "scale_rewards": "group"},
+    "DAPO": {"trainer": "grpo", "loss_type": "dapo", "beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28,
+             "scale_rewards": "group"},
 }
 # Ablations, not in the default set (run them with --methods): what separates RPG-REINFORCE-URKL from DAPO here.
 ABLATIONS: dict[str, dict] = {
-    "RPG-REINFORCE-URKL std-scaled": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce",
-                                          scale_rewards="group"),
-    "RPG-REINFORCE-URKL beta=0": dict(trainer="rpg", rpg_divergence="urkl", rpg_estimator="reinforce", beta=0.0),
+    "RPG-REINFORCE-URKL std-scaled": {"trainer": "rpg", "rpg_divergence": "urkl", "rpg_estimator": "reinforce",
+                                      "scale_rewards": "group"},
+    "RPG-REINFORCE-URKL beta=0": {"trainer": "rpg", "rpg_divergence": "urkl", "rpg_estimator": "reinforce",
+                                  "beta": 0.0},
 }
 DEFAULT_METHODS = tuple(METHODS)
 METHODS.update(ABLATIONS)
 # RPG settings shared by all four RPG variants (the paper's defaults apart from beta): reference = sampling policy,
 # RPG-Style Clip (0.2, 0.28, c=10), advantage = reward - group mean, token-mean aggregation.
-RPG_COMMON = dict(beta=KL_BETA, epsilon=0.2, epsilon_high=0.28, rpg_dual_clip_c=10.0, rpg_reference="sampling",
-                  scale_rewards="none", loss_type="dapo")
+RPG_COMMON = {"beta": KL_BETA, "epsilon": 0.2, "epsilon_high": 0.28, "rpg_dual_clip_c": 10.0,
+              "rpg_reference": "sampling", "scale_rewards": "none", "loss_type": "dapo"}
 
 
 @dataclass
@@ -89,113 +109,17 @@ QUICK = Settings(seeds=(0, 1), generation_batches=4, eval_problems=128)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Worker side
+# Worker side (the toy-task machinery is shared with benchmarks/offpolicy.py: see _common.py)
 # ----------------------------------------------------------------------------------------------------------------------
 
-
-def _init_worker():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-
-    torch.set_num_threads(1)
-    import logging
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-    except Exception:  # pragma: no cover
-        pass
-
-
-def _sft_kwargs(s: Settings) -> dict:
-    kw = dict(num_train_problems=s.num_train_problems)
-    if s.sft_steps is not None:
-        kw["sft_steps"] = s.sft_steps
-    return kw
-
-
-_TOY_MODULES: dict = {}
-
-
-def toy_fingerprint(path: str | None = None) -> str:
-    """Short hash of the toy task code: a cached checkpoint is reused only with the code it was built for."""
-    import hashlib
-
-    if path is None:
-        from trl_rpg import toy
-
-        path = toy.__file__
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:10]
-
-
-def freeze_toy(s: Settings) -> None:
-    """Copy ``trl_rpg/toy.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
-    task, data and reward code even if the package file changes while the benchmark runs."""
-    if s.toy_path is not None:
-        return
-    import shutil
-
-    from trl_rpg import toy
-
-    fp = toy_fingerprint(toy.__file__)
-    dest = os.path.join(s.cache_dir, fp, "toy_frozen.py")
-    if not os.path.exists(dest):
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.copyfile(toy.__file__, dest + ".tmp")
-        os.replace(dest + ".tmp", dest)
-    s.toy_path = dest
-
-
-def _toy(s: Settings):
-    """The frozen toy module of this benchmark (``trl_rpg.toy`` itself when none was frozen)."""
-    if s.toy_path is None:
-        from trl_rpg import toy
-
-        return toy
-    if s.toy_path not in _TOY_MODULES:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location(f"_trl_rpg_toy_{toy_fingerprint(s.toy_path)}", s.toy_path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        _TOY_MODULES[s.toy_path] = module
-    return _TOY_MODULES[s.toy_path]
-
-
-def checkpoint_dir(s: Settings, seed: int) -> str:
-    tag = f"seed{seed}" + (f"-sft{s.sft_steps}" if s.sft_steps is not None else "")
-    return os.path.join(s.cache_dir, toy_fingerprint(s.toy_path), tag)
-
-
-def build_checkpoint(s: Settings, seed: int) -> dict:
-    """Build (or load from the cache) the SFT'd toy model for ``seed``; return its held-out accuracy."""
-    _init_worker()
-    toy = _toy(s)
-
-    t0 = time.perf_counter()
-    path = checkpoint_dir(s, seed)
-    model, tokenizer = toy.build_toy_model(path, seed=seed, **_sft_kwargs(s))
-    build_s = time.perf_counter() - t0
-    acc = toy.evaluate_accuracy(model, tokenizer, _eval_dataset(s))
-    return dict(seed=seed, path=path, sft_accuracy=acc, build_s=round(build_s, 1))
-
-
-def _eval_dataset(s: Settings):
-    toy = _toy(s)
-    return toy.make_dataset(s.eval_problems, seed=toy.EVAL_SEED, split="test")
+# Names kept for callers of this module.
+_init_worker = init_worker
+_toy = toy_module
 
 
 def effective_rl_args(s: Settings) -> dict:
     """The batch / optimizer settings every method shares (``RECOMMENDED_RL_ARGS`` plus the overrides)."""
-    toy = _toy(s)
+    toy = toy_module(s)
 
     args = {k: v for k, v in toy.RECOMMENDED_RL_ARGS.items() if k in (
         "per_device_train_batch_size", "num_generations", "learning_rate", "temperature", "max_completion_length",
@@ -214,84 +138,30 @@ def _config(s: Settings, method: str, seed: int, out: str):
 
     from trl_rpg import RPGConfig
 
-    toy = _toy(s)
     spec = dict(METHODS[method])
     trainer = spec.pop("trainer")
-    args = dict(toy.RECOMMENDED_RL_ARGS)
-    for name in ("per_device_train_batch_size", "num_generations", "learning_rate", "temperature",
-                 "max_completion_length"):
-        if getattr(s, name) is not None:
-            args[name] = getattr(s, name)
-    args.update(
-        output_dir=out, seed=seed, data_seed=seed, max_steps=s.max_steps,
-        gradient_accumulation_steps=1, steps_per_generation=s.reuse,
-        use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        dataloader_num_workers=0, log_level="error",
-    )
-    args.pop("generation_batch_size", None)
     if trainer == "rpg":
-        args.update(RPG_COMMON)
-        args.update(spec)
-        return trainer, RPGConfig(**args)
-    args.update(spec)
-    return trainer, GRPOConfig(**args)
+        return trainer, RPGConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps, {**RPG_COMMON, **spec}))
+    return trainer, GRPOConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps, spec))
+
+
+# What each run keeps of the trainers' logs (RPG: rpg/*; GRPO: the k3 KL; TRL: clip_ratio/*); "/" = prefix.
+_LOGGED = ("rpg/", "loss", "kl", "entropy", "grad_norm", "clip_ratio/region_mean", "clip_ratio/high_mean",
+           "clip_ratio/low_mean")
 
 
 def train_one(s: Settings, method: str, seed: int) -> dict:
     """Train ``method`` from the seed's SFT checkpoint; return accuracy and reward curves."""
-    _init_worker()
-    from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+    init_worker()
     from trl import GRPOTrainer
 
     from trl_rpg import RPGTrainer
 
-    toy = _toy(s)
-    t0 = time.perf_counter()
-    path = checkpoint_dir(s, seed)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    eval_ds = _eval_dataset(s)
-    train_ds = toy.make_dataset(s.num_train_problems, seed=seed, split="train")
-    out = os.path.join(s.output_dir, f"{method}-seed{seed}")
-    kind, config = _config(s, method, seed, out)
-
-    rewards: list[float] = []  # mean reward of each generation batch, in order
-
-    def reward(completions, answer, **kw):
-        r = toy.toy_reward(completions, answer)
-        rewards.append(sum(r) / max(1, len(r)))
-        return r
-
-    reward.__name__ = "toy_reward"
-    curve: list[tuple[int, float]] = []
-    log_rows: list[dict] = []
-
-    class Eval(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kw):
-            curve.append((0, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
-
-        def on_step_end(self, args, state, control, model=None, **kw):
-            step = state.global_step
-            if step % s.eval_every == 0 or step == s.max_steps:
-                curve.append((step, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs:
-                keep = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and (
-                    k.startswith("rpg/") or k in ("loss", "kl", "entropy", "grad_norm", "clip_ratio/region_mean",
-                                                  "clip_ratio/high_mean", "clip_ratio/low_mean"))}
-                keep["step"] = state.global_step
-                log_rows.append(keep)
-
-    cls = RPGTrainer if kind == "rpg" else GRPOTrainer
-    trainer = cls(model=path, reward_funcs=reward, args=config, train_dataset=train_ds, processing_class=tokenizer,
-                  callbacks=[Eval()])
-    trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
-    t1 = time.perf_counter()
-    trainer.train()
-    train_s = time.perf_counter() - t1
-    return dict(method=method, seed=seed, accuracy=[(st, round(a, 5)) for st, a in curve],
-                rewards=[round(x, 5) for x in rewards], train_s=round(train_s, 1),
-                total_s=round(time.perf_counter() - t0, 1), log_means=_thin_logs(log_rows))
+    kind, config = _config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}"))
+    r = toy_rl_run(s, seed, RPGTrainer if kind == "rpg" else GRPOTrainer, config, s.eval_every, log_keys=_LOGGED)
+    return {"method": method, "seed": seed, "accuracy": r["accuracy"], "rewards": r["rewards"],
+            "train_s": r["train_s"], "total_s": r["total_s"], "samples": r["samples"], "steps": r["steps"],
+            "prompt_digest": r["prompt_digest"], "log_means": _thin_logs(r["logs"])}
 
 
 _LOG_KEYS = ("loss", "kl", "entropy", "rpg/w_mean", "rpg/w_max", "rpg/clip_frac_high", "rpg/clip_frac_low",
@@ -307,7 +177,6 @@ def _thin_logs(logs: list[dict]) -> dict:
             out[k] = round(statistics.fmean(vals), 5)
     return out
 
-
 # ----------------------------------------------------------------------------------------------------------------------
 # Driver side
 # ----------------------------------------------------------------------------------------------------------------------
@@ -321,37 +190,23 @@ def run(s: Settings, log=print) -> dict:
     freeze_toy(s)
     t0 = time.perf_counter()
     loads = [loadavg()]
-    if s.workers <= 1:
-        _init_worker()
-        sft = [build_checkpoint(s, seed) for seed in s.seeds]
-        log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s)")
-        runs = []
-        for seed in s.seeds:
-            for m in s.methods:
-                runs.append(train_one(s, m, seed))
-                log(f"  {m} seed {seed}: acc {runs[-1]['accuracy'][-1][1]:.3f} ({runs[-1]['train_s']}s)")
-    else:
-        import multiprocessing as mp
+    with WorkerPool(s.workers) as pool:
+        sft = pool.map(build_checkpoint, [(s, seed) for seed in s.seeds])
+        log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s): "
+            + ", ".join(f"seed {r['seed']} acc {r['sft_accuracy']:.3f}" for r in sft))
+        loads.append(loadavg())
 
-        with ProcessPoolExecutor(max_workers=s.workers, mp_context=mp.get_context("spawn"),
-                                 initializer=_init_worker) as pool:
-            sft = list(pool.map(build_checkpoint, [s] * len(s.seeds), s.seeds))
-            log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s): "
-                + ", ".join(f"seed {r['seed']} acc {r['sft_accuracy']:.3f}" for r in sft))
+        def done(i, r):
             loads.append(loadavg())
-            jobs = [(m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
-            futures = [pool.submit(train_one, s, m, seed) for m, seed in jobs]
-            runs = []
-            for f in futures:
-                r = f.result()
-                runs.append(r)
-                loads.append(loadavg())
-                log(f"  {r['method']} seed {r['seed']}: held-out acc {r['accuracy'][0][1]:.3f} -> "
-                    f"{r['accuracy'][-1][1]:.3f} ({r['train_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
+            log(f"  {r['method']} seed {r['seed']}: held-out acc {r['accuracy'][0][1]:.3f} -> "
+                f"{r['accuracy'][-1][1]:.3f} ({r['train_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
+
+        jobs = [(s, m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
+        runs = pool.map(train_one, jobs, on_result=done)
     wall = time.perf_counter() - t0
     summary = summarize(s, sft, runs)
-    return dict(settings=_settings_dict(s), machine=info, wall_s=round(wall, 1), loadavg_samples=loads,
-                sft=sft, summary=summary, runs=runs)
+    return {"settings": _settings_dict(s), "machine": info, "wall_s": round(wall, 1), "loadavg_samples": loads,
+                "sft": sft, "summary": summary, "runs": runs}
 
 
 def _settings_dict(s: Settings) -> dict:
@@ -401,18 +256,19 @@ def summarize(s: Settings, sft: list[dict], runs: list[dict]) -> dict:
         last_mean, last_sd = mean_std(last)
         best_mean, best_sd = mean_std(best)
         gain_mean, gain_sd = mean_std([r["accuracy"][-1][1] - r["accuracy"][0][1] for r in rs])
-        out["methods"][m] = dict(
-            gain_mean=gain_mean, gain_std=gain_sd,
-            n_seeds=len(rs), last_mean=last_mean, last_std=last_sd, last_min=min(last), last_max=max(last),
-            best_mean=best_mean, best_std=best_sd, steps_to_target=reach,
-            steps_to_target_mean=(statistics.fmean(hits) if hits else None), reached=f"{len(hits)}/{len(rs)}",
+        out["methods"][m] = {
+            "gain_mean": gain_mean, "gain_std": gain_sd,
+            "n_seeds": len(rs), "last_mean": last_mean, "last_std": last_sd, "last_min": min(last),
+            "last_max": max(last),
+            "best_mean": best_mean, "best_std": best_sd, "steps_to_target": reach,
+            "steps_to_target_mean": (statistics.fmean(hits) if hits else None), "reached": f"{len(hits)}/{len(rs)}",
             # median over all seeds, a seed that never reaches the target counting as +infinity
-            steps_to_target_median=statistics.median([h if h is not None else math.inf for h in reach]),
-            reward_first=statistics.fmean(r["rewards"][0] for r in rs) if n else None,
-            reward_last=statistics.fmean(r["rewards"][n - 1] for r in rs) if n else None,
-            reward_seed_spread=spread, reward_roughness=rough,
-            train_s_mean=statistics.fmean(r["train_s"] for r in rs),
-        )
+            "steps_to_target_median": statistics.median([h if h is not None else math.inf for h in reach]),
+            "reward_first": statistics.fmean(r["rewards"][0] for r in rs) if n else None,
+            "reward_last": statistics.fmean(r["rewards"][n - 1] for r in rs) if n else None,
+            "reward_seed_spread": spread, "reward_roughness": rough,
+            "train_s_mean": statistics.fmean(r["train_s"] for r in rs),
+        }
     # Paired differences: same seed = same SFT start, same prompts; the seed-to-seed variation of the start cancels.
     out["paired"] = {}
     for base in ("GRPO", "DAPO"):
@@ -427,26 +283,17 @@ def summarize(s: Settings, sft: list[dict], runs: list[dict]) -> dict:
                 continue
             d_last = [a["accuracy"][-1][1] - b["accuracy"][-1][1] for a, b in pairs]
             d_best = [max(x for _, x in a["accuracy"]) - max(x for _, x in b["accuracy"]) for a, b in pairs]
-            out["paired"][f"{m} - {base}"] = dict(
-                n=len(pairs), last=_ci(d_last), best=_ci(d_best),
-                wins=sum(d > 0 for d in d_last), ties=sum(d == 0 for d in d_last), losses=sum(d < 0 for d in d_last),
-            )
+            out["paired"][f"{m} - {base}"] = {
+                "n": len(pairs), "last": _ci(d_last), "best": _ci(d_best),
+                "wins": sum(d > 0 for d in d_last), "ties": sum(d == 0 for d in d_last),
+                "losses": sum(d < 0 for d in d_last),
+            }
     return out
-
-
-# two-sided 95% Student-t quantiles by degrees of freedom
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 11: 2.20,
-        12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 19: 2.09, 24: 2.06, 29: 2.05}
 
 
 def _ci(xs: list[float]) -> dict:
     """Mean and 95% t-interval half-width of paired differences."""
-    mean, sd = mean_std(xs)
-    n = len(xs)
-    if n < 2:
-        return dict(mean=mean, half_width=float("nan"))
-    t = _T95.get(n - 1) or _T95[max(k for k in _T95 if k <= n - 1)]
-    return dict(mean=mean, half_width=t * sd / math.sqrt(n))
+    return ci95(xs)
 
 
 def markdown(result: dict) -> str:

@@ -69,11 +69,12 @@ def test_demo_command_passes_its_options(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_full_demo_raises_held_out_accuracy_clearly(tmp_path):
+@pytest.mark.parametrize("seed", [0, 2])  # 0: the default; 2: the slowest of seeds 0-6 to rise (measured)
+def test_full_demo_raises_held_out_accuracy_clearly(tmp_path, seed):
     """The README's claim: the default demo improves held-out accuracy by a clear margin."""
     out = tmp_path / "demo"
     start = time.perf_counter()
-    result = demo.run_demo(str(out))
+    result = demo.run_demo(str(out), seed=seed)
     elapsed = time.perf_counter() - start
     gain = result["accuracy_after"] - result["accuracy_before"]
     print(f"full demo: {result['accuracy_before']:.3f} -> {result['accuracy_after']:.3f} in {elapsed:.0f}s")

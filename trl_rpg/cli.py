@@ -576,7 +576,7 @@ commands:
            launched with `accelerate launch` (launcher options such as --num_processes, --accelerate_config or
            --config_file go to it). `{prog} train --help` lists the launcher options, then every training field,
            the RPG ones (rpg_*) included.
-  demo     Train a tiny model on a toy arithmetic task on CPU in about 3 minutes (no download); prints held-out
+  demo     Train a tiny model on a toy arithmetic task on CPU in about 1-2 minutes (no download); prints held-out
            accuracy before and after and writes the model and a plot of reward and accuracy.
 
 examples:

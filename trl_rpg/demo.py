@@ -32,10 +32,12 @@ from . import toy
 __all__ = ["DEMO_EVAL_EVERY", "DEMO_MAX_STEPS", "DEMO_MIN_GAIN", "DEMO_RL_ARGS", "demo_config_kwargs", "plot_curves",
            "run_demo"]
 
-#: RL optimizer steps of the default demo.
-DEMO_MAX_STEPS = 200
+#: RL optimizer steps of the default demo. Measured (seeds 0-6, held-out accuracy every 5 steps): most of the gain
+#: arrives within 15-25 steps and accuracy is flat after ~25 (up to ~40 for the slowest seed, 2); 200 steps spent
+#: most of the run on that plateau.
+DEMO_MAX_STEPS = 40
 #: Held-out evaluation every this many steps (plus before and after training).
-DEMO_EVAL_EVERY = 25
+DEMO_EVAL_EVERY = 5
 #: The demo's settings on top of `toy.RECOMMENDED_RL_ARGS`: Adam at 1e-3 wrecks a warmed-up model this small within
 #: a few dozen steps (measured); 1e-4, constant, improves it steadily.
 DEMO_RL_ARGS: dict[str, Any] = dict(learning_rate=1e-4, lr_scheduler_type="constant")
@@ -108,7 +110,7 @@ def plot_curves(rewards: list[tuple[int, float]], accuracy: list[tuple[int, floa
     if rewards:
         steps, values = [s for s, _ in rewards], [r for _, r in rewards]
         ax.plot(steps, values, color="tab:blue", alpha=0.3, lw=1.0)
-        window = max(1, len(values) // 15)
+        window = max(1, len(values) // 15, min(3, len(values) // 4))  # at least 3 batches once there are 12
         smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
                   for i in range(len(values))]
         ax.plot(steps, smooth, color="tab:blue", lw=1.8,
