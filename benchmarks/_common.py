@@ -197,7 +197,7 @@ def toy_fingerprint(path: str | None = None) -> str:
     import hashlib
 
     if path is None:
-        from trl_rpg import toy
+        from trl_rpg.toy import task as toy
 
         path = toy.__file__
     with open(path, "rb") as f:
@@ -205,13 +205,13 @@ def toy_fingerprint(path: str | None = None) -> str:
 
 
 def freeze_toy(s) -> None:
-    """Copy ``trl_rpg/toy.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
+    """Copy ``trl_rpg/toy/task.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
     task, data and reward code even if the package file changes while the benchmark runs."""
     if s.toy_path is not None:
         return
     import shutil
 
-    from trl_rpg import toy
+    from trl_rpg.toy import task as toy
 
     fp = toy_fingerprint(toy.__file__)
     dest = os.path.join(s.cache_dir, fp, "toy_frozen.py")
@@ -223,9 +223,9 @@ def freeze_toy(s) -> None:
 
 
 def toy_module(s):
-    """The frozen toy module of this benchmark (``trl_rpg.toy`` itself when none was frozen)."""
+    """The frozen toy module of this benchmark (``trl_rpg.toy.task`` itself when none was frozen)."""
     if s.toy_path is None:
-        from trl_rpg import toy
+        from trl_rpg.toy import task as toy
 
         return toy
     if s.toy_path not in _TOY_MODULES:

@@ -112,7 +112,7 @@ def build_model(s: Settings) -> tuple[str, int]:
     import torch
     from transformers import Qwen2ForCausalLM
 
-    from trl_rpg import toy
+    from trl_rpg.toy import task as toy
 
     path = model_dir(s)
     marker = os.path.join(path, "n_params.json")
@@ -182,7 +182,8 @@ def make_trainer(s: Settings, method: str, length: int, out_dir: str, max_steps:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from trl_rpg import RPGConfig, RPGTrainer, toy
+    from trl_rpg import RPGConfig, RPGTrainer
+    from trl_rpg.toy import task as toy
 
     cuda = s.device == "cuda"
     path = model_dir(s)

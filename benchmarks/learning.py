@@ -81,21 +81,21 @@ class Settings:
     methods: tuple = DEFAULT_METHODS
     generation_batches: int = 25  # budget: optimizer steps = generation_batches * REUSE
     reuse: int = REUSE
-    # Fixed here (None would take trl_rpg.toy.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made the
+    # Fixed here (None would take trl_rpg.toy.task.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made the
     # tiny model's held-out accuracy collapse in trial runs, for every method.
     per_device_train_batch_size: int | None = 64  # completions per optimizer step
     num_generations: int | None = 8  # completions per prompt (group size)
     learning_rate: float | None = 3e-4
     temperature: float | None = 1.0
-    max_completion_length: int | None = None  # None: trl_rpg.toy.MAX_COMPLETION_LENGTH
+    max_completion_length: int | None = None  # None: trl_rpg.toy.task.MAX_COMPLETION_LENGTH
     num_train_problems: int = 2000
     eval_problems: int = 256
     eval_every: int = 4  # optimizer steps between held-out evaluations (step 0 is always evaluated)
     # None: half-way from the SFT accuracy (mean over seeds) to the best method's mean final accuracy
     target_accuracy: float | None = None
-    sft_steps: int | None = None  # None: trl_rpg.toy defaults
+    sft_steps: int | None = None  # None: trl_rpg.toy.task defaults
     workers: int = 2
-    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy.py that every worker imports
+    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy/task.py that every worker imports
     cache_dir: str = os.path.join(CACHE_DIR, "toy")
     output_dir: str = os.path.join(CACHE_DIR, "runs")
 

@@ -5,7 +5,7 @@
 
 The paper's runs reuse each rollout batch for 16 optimizer steps (512 prompts per rollout, 32 per mini-batch), so
 most updates are off-policy: that is where an off-policy-correct KL gradient and RPG-Style Clip should matter. This
-benchmark trains the toy task (``trl_rpg.toy``) with the **reuse factor** (optimizer steps per generation batch,
+benchmark trains the toy task (``trl_rpg.toy.task``) with the **reuse factor** (optimizer steps per generation batch,
 ``steps_per_generation``) at 1, 4 and 16, plus a learning-rate stress at reuse 16. Every optimizer step uses the same
 number of completions and every completion is used once, so within a regime (and across reuse factors too) all
 methods get the same optimizer steps and the same generated samples; only the size of the generation batch, and so
@@ -106,14 +106,14 @@ class Settings:
     per_device_train_batch_size: int | None = 64  # completions per optimizer step (8 prompts x 8)
     num_generations: int | None = 8
     temperature: float | None = 1.0
-    max_completion_length: int | None = None  # None: trl_rpg.toy.MAX_COMPLETION_LENGTH
+    max_completion_length: int | None = None  # None: trl_rpg.toy.task.MAX_COMPLETION_LENGTH
     num_train_problems: int = 2000
     eval_problems: int = 256
     eval_every: int = 8  # optimizer steps between held-out evaluations (and before training, and at the end)
     collapse_drop: float = 0.10  # collapse: held-out accuracy more than this below its best, staying there
-    sft_steps: int | None = None  # None: trl_rpg.toy defaults (the learning benchmark's checkpoints are reused)
+    sft_steps: int | None = None  # None: trl_rpg.toy.task defaults (the learning benchmark's checkpoints are reused)
     workers: int = 2
-    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy.py that every worker imports
+    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy/task.py that every worker imports
     cache_dir: str = os.path.join(CACHE_DIR, "toy")
     output_dir: str = os.path.join(CACHE_DIR, "runs-offpolicy")
 
@@ -377,7 +377,7 @@ def run(s: Settings, log=print, json_path: str | None = None, previous: dict | N
     freeze_toy(s)
     earlier = (previous or {}).get("settings", {}).get("toy_fingerprint")
     if earlier is not None and earlier != toy_fingerprint(s.toy_path):
-        raise ValueError(f"--resume: the results file was made with toy task version {earlier}, but trl_rpg/toy.py is "
+        raise ValueError(f"--resume: the results file was made with toy task version {earlier}, but trl_rpg/toy/task.py is "
                          f"now version {toy_fingerprint(s.toy_path)}; its runs cannot be continued with this task "
                          "(start a new results file)")
     t0 = time.perf_counter()

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from trl_rpg import cli, demo
+from trl_rpg import cli
+from trl_rpg.toy import demo
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -23,7 +24,7 @@ def _check_outputs(out, result):
     # the saved model loads and generates
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_rpg import toy
+    from trl_rpg.toy import task as toy
 
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)

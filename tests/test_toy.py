@@ -1,9 +1,9 @@
-"""Fast tests for the bundled toy task, tokenizer and tiny model (``trl_rpg.toy``)."""
+"""Fast tests for the bundled toy task, tokenizer and tiny model (``trl_rpg.toy.task``)."""
 
 import pytest
 import torch
 
-from trl_rpg import toy
+from trl_rpg.toy import task as toy
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,7 +95,6 @@ def test_splits_are_disjoint_and_answers_correct():
 def test_worked_solution_and_teacher_slips():
     assert toy.worked_solution("13+8-5") == "13+8=21,21-5=16"
     assert toy.worked_solution("7+5-3") == "7+5=12,12-3=9"
-    assert toy.num_crossings("7+5-3") == 2 and toy.num_crossings("11+2-1") == 0
     # The imperfect teacher only ever errs on carry/borrow steps.
     assert toy.worked_solution("11+2-1", slip_rate=1.0) == "11+2=13,13-1=12"
     assert toy.worked_solution("7+5-3", slip_rate=1.0) == "7+5=2,2-3=1"
@@ -110,7 +109,6 @@ def test_reward_string_and_chat_formats():
     assert toy.toy_reward(chats, answers) == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     # Extra dataset columns arrive as kwargs (TRL passes prompts, completion_ids, ...).
     assert toy.toy_reward(["7+5=12,12-3=9"], ["9"], prompts=[[{"role": "user", "content": "7+5-3=?"}]]) == [1.0]
-    assert toy.toy_format_reward(["7+5=12,12-3=9", "7+5=12,12-3"]) == [1.0, 0.0]
     # The reference solutions of a whole split earn full reward.
     ds = toy.make_dataset(200, seed=0, split="test")
     sols = [toy.worked_solution(m[0]["content"]) for m in ds["prompt"]]

@@ -9,7 +9,7 @@
 * `python -m trl_rpg train ...` (and so `accelerate launch [...] -m trl_rpg train ...`) trains in the current process.
   Every check that needs no model (settings, data file, reward functions, the columns they read) runs before the
   model is loaded; a mistake ends the run with one `error:` line naming what to fix.
-* `trl-rpg demo` trains a tiny bundled model on a toy arithmetic task on CPU (see `trl_rpg.demo`).
+* `trl-rpg demo` trains a tiny bundled model on a toy arithmetic task on CPU (see `trl_rpg.toy.demo`).
 """
 
 from __future__ import annotations
@@ -529,7 +529,7 @@ def show_upstream_warnings_once() -> None:
 
 
 def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
-    from .demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
+    from .toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
     from .objectives import DIVERGENCES, ESTIMATORS
 
     parser = argparse.ArgumentParser(
@@ -553,7 +553,7 @@ def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
 
 
 def run_demo_command(argv: list[str]) -> int:
-    from .demo import run_demo
+    from .toy.demo import run_demo
 
     args = make_demo_parser().parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("rpg_divergence", "rpg_estimator") if getattr(args, k) is not None}

@@ -1,10 +1,11 @@
-"""Bundled toy reasoning task and tiny model for the demo, tests and benchmarks.
+"""The toy reasoning task and the tiny model of the demo, the tests and the benchmarks.
 
 Everything is built locally (nothing is downloaded):
 
 * :func:`build_tokenizer` -- a character-level ``PreTrainedTokenizerFast`` (WordLevel over a fixed character
   vocabulary) with pad/eos/bos and ``<|user|>``/``<|assistant|>`` markers and a chat template.
-* :func:`build_model` -- a randomly initialised tiny ``Qwen2ForCausalLM`` matching the tokenizer.
+* :func:`build_model` -- a randomly initialised tiny ``Qwen2ForCausalLM`` matching a tokenizer: the package's one
+  tiny-model builder (the tests and ``scripts/gpu_check.py`` use it too).
 * The task -- chained single-digit addition/subtraction such as ``"7+5-3=?"``. The model writes its working step by
   step and the last number is the final answer: ``"7+5=12,12-3=9"`` (at most 15 characters + eos). Every
   intermediate result is >= 0. The problems are split once, independently of any seed, into disjoint train and
@@ -13,15 +14,15 @@ Everything is built locally (nothing is downloaded):
 * :func:`toy_reward` -- a TRL reward function: 1.0 for a correct final answer, else 0.0.
 * :func:`sft_warmup` -- a short supervised warm-up: first on correct worked solutions, then on an *imperfect
   teacher* that usually fumbles carries and borrows (see the Task section below), so that the warmed-up model is
-  only partially right and RL with a verifiable reward has something to fix.
-* :func:`evaluate_accuracy` -- held-out accuracy by (greedy) generation; :func:`generate_completions`.
+  only partially right and RL with a verifiable reward has something to fix. A plain torch loop rather than TRL's
+  ``SFTTrainer``, which was measured slower on this task (docs/benchmarks.md, "The toy task").
+* :func:`evaluate_accuracy` -- held-out accuracy by (greedy) generation; :func:`generate_completions` (the generation
+  loop is :func:`trl_rpg.evaluation.generate_completions`).
 * :func:`build_toy_model` -- tokenizer + model + warm-up in one deterministic, optionally cached call.
 * :data:`RECOMMENDED_RL_ARGS` -- ``GRPOConfig`` keyword arguments that were measured to work on this task on CPU,
   and the ``EVAL_*`` constants for the held-out evaluation.
 
-Measured on 2 shared CPU cores (torch 2.13, TRL 1.16, one torch thread), seeds 0/1/2: the default warm-up takes
-~23 s and gives 40.0/40.6/40.6% held-out greedy accuracy; ``GRPOTrainer`` with :data:`RECOMMENDED_RL_ARGS` then
-reaches 79.4/75.0/67.8% after 25 steps, 82.8/76.2/72.6% after 50 and 83.6/79.4/77.4% after 200 steps (~27 s).
+What the warm-up and RL reach on this task, and how long they take, is measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ __all__ = [
     "DEFAULT_SFT_STEPS",
     "EOS_TOKEN",
     "EVAL_BATCH_SIZE",
-    "EVAL_GREEDY",
     "EVAL_MAX_NEW_TOKENS",
     "EVAL_NUM_PROBLEMS",
     "EVAL_SEED",
@@ -73,18 +73,16 @@ __all__ = [
     "generate_completions",
     "make_dataset",
     "make_eval_dataset",
-    "num_crossings",
     "sft_warmup",
     "solve",
     "split_problems",
-    "toy_format_reward",
     "toy_reward",
     "worked_solution",
 ]
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Tokenizer
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|end|>"
@@ -147,9 +145,9 @@ def build_tokenizer():
     return tokenizer
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Model
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"hidden_size": 96, "num_layers": 2, "num_heads": 4}
 
@@ -207,9 +205,9 @@ class _seeded:
         return False
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Task
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 #
 # Problems are chains like "7+5-3": a first operand in FIRST_OPERAND_RANGE followed by NUM_TERMS-1 steps "+d"/"-d"
 # with d in OPERAND_RANGE, keeping every intermediate result >= 0 (2025 problems; 506 held out). The reference
@@ -290,16 +288,6 @@ def solve(expr: str) -> int:
     return value
 
 
-def num_crossings(expr: str) -> int:
-    """Number of steps of the correct solution that need a carry or a borrow."""
-    value, steps = _parse_expression(expr)
-    n = 0
-    for op, d in steps:
-        n += _crosses(value, op, d)
-        value = value + d if op == "+" else value - d
-    return n
-
-
 def _slip(value: int, op: str, d: int) -> int:
     """The teacher's classic mistakes: a forgotten carry (7+5=2, 18+5=13) or, for a borrow, subtracting the smaller
     units digit from the larger one (12-3=11, 21-7=26)."""
@@ -378,14 +366,9 @@ def toy_reward(completions: list, answer: list, **kwargs) -> list[float]:
     return rewards
 
 
-def toy_format_reward(completions: list, **kwargs) -> list[float]:
-    """Optional auxiliary reward: 1.0 if the completion ends with a parsable final answer ``=N``, else 0.0."""
-    return [0.0 if extract_answer(c) is None else 1.0 for c in completions]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # SFT warm-up and evaluation
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 DEFAULT_SFT_STEPS = 400
 DEFAULT_SFT_LR = 3e-3
@@ -397,7 +380,6 @@ EVAL_NUM_PROBLEMS = 500  # held-out problems used to measure accuracy
 EVAL_SEED = 0
 EVAL_MAX_NEW_TOKENS = MAX_COMPLETION_LENGTH
 EVAL_BATCH_SIZE = 500
-EVAL_GREEDY = True
 
 
 def make_eval_dataset():
@@ -520,9 +502,9 @@ def evaluate_accuracy(
     return sum(rewards) / max(1, len(rewards))
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # One-call builder (with an optional on-disk cache)
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 _MARKER_FILE = "trl_rpg_toy.json"
 _BUILD_VERSION = 2
@@ -548,10 +530,9 @@ def build_toy_model(
     records the build settings; a later call with the same settings (and ``use_cache=True``) loads them instead of
     rebuilding. Either way the returned model's ``config._name_or_path`` is then ``output_dir``, which TRL needs to
     create the reference model when ``beta != 0`` (without ``output_dir`` the model exists only in memory; use
-    ``beta=0`` or pass ``output_dir``). ``num_threads`` sets torch's intra-op thread count for the warm-up only (the previous value is
-    restored; ``None`` leaves it alone). The default, one thread, makes the result independent of the caller's
-    setting and is the fastest choice on a shared machine (with 2 threads on 2 busy cores the warm-up took 4x
-    longer).
+    ``beta=0`` or pass ``output_dir``). ``num_threads`` sets torch's intra-op thread count for the warm-up only (the
+    previous value is restored; ``None`` leaves it alone). The default, one thread, makes the result independent of
+    the caller's setting and is the fastest choice for a model this small (docs/benchmarks.md, "The toy task").
     """
     model_kwargs = {**DEFAULT_MODEL_KWARGS, **(model_kwargs or {})}
     settings = {
@@ -624,8 +605,8 @@ def build_toy_model(
 # GRPOConfig keyword arguments measured to work on this task on CPU (add ``output_dir``, ``seed``, and e.g.
 # ``beta``/``epsilon``/``epsilon_high`` as needed). One optimizer step = 64 completions (8 prompts x 8 samples); each
 # generation round samples 128 completions and is used for 2 optimizer steps (the second one off-policy, so the
-# importance ratio/clipping path is exercised). ~0.12-0.2 s per step on 2 shared CPU cores; most of the gain
-# arrives within the first 50-100 steps. lr 3e-4 and above (without warm-up) degrades the model at first.
+# importance ratio/clipping path is exercised). lr 3e-4 and above (without warm-up) degrades the model at first; step
+# times and learning curves are in docs/benchmarks.md.
 RECOMMENDED_RL_ARGS: dict[str, Any] = {
     "use_cpu": True,
     "bf16": False,

@@ -1,6 +1,6 @@
 """`trl-rpg demo`: RPG training of a tiny model on a toy arithmetic-reasoning task, on CPU, with no download.
 
-The model is built on the spot (`trl_rpg.toy.build_toy_model`: a character-level tokenizer and a small Qwen2 model
+The model is built on the spot (`trl_rpg.toy.task.build_toy_model`: a character-level tokenizer and a small Qwen2 model
 warmed up on worked solutions such as `"8+7=15,15-9=6"` written by an imperfect teacher who often forgets a carry or
 a borrow). `RPGTrainer` then trains it with the toy reward (1 for a correct final answer) under RPG's defaults
 (RPG-REINFORCE with the unnormalised reverse KL, beta = 1e-4, RPG-Style Clip, the sampler as reference, each
@@ -8,7 +8,7 @@ generation batch reused). Held-out accuracy (greedy decoding, problems never see
 during and after. Outputs, in `output_dir`: the trained model and tokenizer, `curves.png` (reward and accuracy over
 steps), `metrics.json` and a model card.
 
-    >>> from trl_rpg.demo import run_demo
+    >>> from trl_rpg.toy import run_demo
     >>> result = run_demo("rpg-demo")  # doctest: +SKIP
     >>> result["accuracy_before"], result["accuracy_after"]  # doctest: +SKIP
 """
@@ -27,7 +27,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from . import toy
+from . import task as toy
 
 __all__ = ["DEMO_EVAL_EVERY", "DEMO_MAX_STEPS", "DEMO_MIN_GAIN", "DEMO_RL_ARGS", "demo_config_kwargs", "plot_curves",
            "run_demo"]
@@ -204,8 +204,8 @@ def _quiet():
 
 def _run_demo(output_dir, seed, max_steps, eval_every, threads, sft_steps, num_eval_problems, num_train_problems,
               toy_cache_dir, rl_overrides, plot, verbose):
-    from .config import RPGConfig
-    from .trainer import RPGTrainer
+    from ..config import RPGConfig
+    from ..trainer import RPGTrainer
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
