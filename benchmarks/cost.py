@@ -389,6 +389,8 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
             if state.global_step % s.reuse == 0:  # last step of the cycle
                 t1 = clock()
                 cycles[self.name].append((t1[0] - self.t0[0], t1[1] - self.t0[1]))
+                part_cycles[self.name].append(dict(parts[self.name]))
+                parts[self.name].clear()
                 baton.done(self.name)
 
         def on_log(self, args, state, control, logs=None, **kw):
@@ -399,10 +401,13 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
     def replay(prompt_ids, *a, **k):  # replaces generation: the fixed completions, in order
         return [list(fixed[i % n_batch]) for i in range(len(prompt_ids))], None
 
+    parts: dict[str, dict[str, float]] = {m: {} for m in methods}  # seconds spent in each part, this cycle
+    part_cycles: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     trainers = {}
     for m in methods:
         trainer = make_trainer(s, m, length, os.path.join(out_dir, m), rounds * s.reuse, callbacks=[Turns(m)])
         trainer._generate_single_turn = replay
+        time_parts(trainer, parts[m], clock)
         trainers[m] = trainer
 
     def target(m):
@@ -422,7 +427,49 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
     return {"length": length, "rounds": s.train_rounds, "turns": baton.executed[warm * len(methods):],
             "step_s": {m: [c[0] / s.reuse for c in cycles[m][warm:]] for m in methods},
             "step_cpu_s": {m: [c[1] / s.reuse for c in cycles[m][warm:]] for m in methods},
+            "parts_s": {m: [{k: v / s.reuse for k, v in c.items()} for c in part_cycles[m][warm:]] for m in methods},
             "batches": batches}
+
+
+#: The parts of a training step that differ between the trainers, timed inside `run_training_side`: the loss
+#: computation without the model's log-prob pass (RPG's objective, masks, aggregation and metrics, or GRPO's), and
+#: the gradient-norm hook (`_get_grad_norm`: the norm clipping computes, plus RPG's non-finite-gradient guard).
+PARTS = ("loss_without_model", "grad_norm_and_guard")
+
+
+def time_parts(trainer, totals: dict[str, float], clock) -> None:
+    """Accumulate into `totals` the wall time of the `PARTS` of `trainer`'s steps (wrapping its methods)."""
+    compute_loss, logps, grad_norm = (trainer._compute_loss, trainer._get_per_token_logps_and_entropies,
+                                      trainer._get_grad_norm)
+    inside = {"loss": False}
+
+    def timed_logps(*args, **kwargs):
+        t0 = clock()[0]
+        try:
+            return logps(*args, **kwargs)
+        finally:
+            if inside["loss"]:  # the model pass inside the loss is not part of the loss computation
+                totals["loss_without_model"] = totals.get("loss_without_model", 0.0) - (clock()[0] - t0)
+
+    def timed_loss(*args, **kwargs):
+        t0 = clock()[0]
+        inside["loss"] = True
+        try:
+            return compute_loss(*args, **kwargs)
+        finally:
+            inside["loss"] = False
+            totals["loss_without_model"] = totals.get("loss_without_model", 0.0) + (clock()[0] - t0)
+
+    def timed_grad_norm(*args, **kwargs):
+        t0 = clock()[0]
+        try:
+            return grad_norm(*args, **kwargs)
+        finally:
+            totals["grad_norm_and_guard"] = totals.get("grad_norm_and_guard", 0.0) + (clock()[0] - t0)
+
+    trainer._compute_loss = timed_loss
+    trainer._get_per_token_logps_and_entropies = timed_logps
+    trainer._get_grad_norm = timed_grad_norm
 
 
 def ratio_ci(numerators: list[float], denominators: list[float]) -> dict | None:
@@ -458,7 +505,7 @@ def _spawn(s: Settings, method: str | None, length: int) -> dict:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         t0 = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "benchmarks.cost", "--child", spec], env=env, cwd=root,
-                              check=False, capture_output=True, text=True, timeout=s.timeout_s)
+                              check=False, capture_output=True, text=True, timeout=_child_timeout(s, method))
         if proc.returncode != 0 or not os.path.exists(out):
             what = method or "training side"
             raise RuntimeError(f"{what} L={length} failed (rc={proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -466,6 +513,14 @@ def _spawn(s: Settings, method: str | None, length: int) -> dict:
             result = json.load(f)
         result["process_s"] = round(time.perf_counter() - t0, 1)
         return result
+
+
+def _child_timeout(s: Settings, method: str | None) -> float:
+    """Seconds a child may run: `timeout_s` for one trainer's run; for the training side, which runs every trainer
+    for `warmup_cycles + train_rounds` rounds, `timeout_s` per 20 rounds (the default count)."""
+    if method is not None:
+        return s.timeout_s
+    return s.timeout_s * max(1.0, (s.warmup_cycles + s.train_rounds) / 20)
 
 
 def _to_jsonable(s: Settings) -> dict:
@@ -570,6 +625,10 @@ def summarize_training_side(s: Settings, t: dict) -> dict:
     for other in ("GRPO(beta>0)", "GRPO(beta=0)"):
         if "RPG" in out and other in out:
             out[f"RPG/{other}"] = ratio_ci(t[key]["RPG"], t[key][other])
+    for m in s.methods:  # the parts that differ between the trainers (absent in results of older versions)
+        cycles = t.get("parts_s", {}).get(m)
+        if cycles and m in out:
+            out[m]["parts_ms_median"] = {p: 1e3 * statistics.median(c.get(p, 0.0) for c in cycles) for p in PARTS}
     return out
 
 
@@ -679,7 +738,7 @@ def training_side_markdown(result: dict) -> str:
     header = (["completion length"] + [f"{m} train step, {kind} (s)" for m in METHODS]
               + ["train step RPG/GRPO(β>0) [95% CI]", "train step RPG/GRPO(β=0) [95% CI]",
                  "whole step RPG/GRPO(β>0)", "whole step RPG/GRPO(β=0)", "peak memory RPG/GRPO(β=0)"])
-    return (f"\n\nTraining side on its own: the same fixed generated batch ({s['per_device_train_batch_size']} "
+    return (parts_markdown(result) + f"\n\nTraining side on its own: the same fixed generated batch ({s['per_device_train_batch_size']} "
             f"completions per optimizer step, {s['reuse']} steps per batch) fed to each trainer (log-prob passes, "
             f"scoring, loss, backward, clipping and guard, optimizer step; no generation), {n} interleaved rounds in "
             f"one process, median {kind} time per optimizer step; ratios are geometric means of the per-round "
@@ -687,6 +746,32 @@ def training_side_markdown(result: dict) -> str:
             + markdown_table(header, rows)
             + "\n\nTarget RPG within 2% of GRPO(β=0) (upper end of the training-side interval ≤ 1.02): "
             + "; ".join(verdicts) + ".")
+
+
+def parts_markdown(result: dict) -> str:
+    """What differs inside a training step: the loss computation without the model pass, and the gradient-norm
+    hook with RPG's guard, per optimizer step (medians over the rounds), against GRPO(beta=0)'s whole training step."""
+    rows = []
+    for length, row in result["summary"]["by_length"].items():
+        t = row.get("training_side") or {}
+        if not all(m in t and "parts_ms_median" in t[m] for m in ("RPG", "GRPO(beta=0)")):
+            continue
+        rpg, grpo = t["RPG"]["parts_ms_median"], t["GRPO(beta=0)"]["parts_ms_median"]
+        step_ms = 1e3 * t["GRPO(beta=0)"]["step_s_median"]
+        cells = [length]
+        for part in PARTS:
+            diff = rpg[part] - grpo[part]
+            cells += [f"{rpg[part]:.2f}", f"{grpo[part]:.2f}", f"{diff:+.2f} ({100 * diff / step_ms:+.2f}%)"]
+        rows.append(cells)
+    if not rows:
+        return ""
+    header = ["completion length"]
+    for part, label in zip(PARTS, ("loss without the model pass", "gradient norm + guard")):
+        header += [f"{label}: RPG (ms)", f"{label}: GRPO(β=0) (ms)", "RPG − GRPO(β=0) (share of GRPO(β=0)'s step)"]
+    return ("\n\nThe parts of a training step that differ between the trainers, timed in the same rounds (wall "
+            "time per optimizer step, median over the rounds): the loss computation without the model's log-prob "
+            "pass (objective, masks, aggregation, metrics) and the gradient-norm hook (the norm clipping computes, "
+            "plus RPG's guard):\n\n" + markdown_table(header, rows))
 
 
 def plot(result: dict, path: str) -> str | None:

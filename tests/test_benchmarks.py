@@ -93,6 +93,15 @@ def test_cost_smoke(tmp_path, keep_threads):
     logs = [math.log(a / b) for a, b in zip(side["step_cpu_s"]["RPG"], side["step_cpu_s"]["GRPO(beta=0)"])]
     assert summ["RPG/GRPO(beta=0)"]["ratio"] == pytest.approx(math.exp(sum(logs) / 3))
     assert summ["RPG/GRPO(beta=0)"]["low"] < summ["RPG/GRPO(beta=0)"]["ratio"] < summ["RPG/GRPO(beta=0)"]["high"]
+    # the parts that differ between the trainers were timed in every round: the loss without the model pass (less
+    # than the whole step) and the gradient-norm hook
+    for m in cost.METHODS:
+        assert len(side["parts_s"][m]) == 3
+        for cycle in side["parts_s"][m]:
+            assert set(cycle) == set(cost.PARTS) and all(v > 0 for v in cycle.values())
+        parts = summ[m]["parts_ms_median"]
+        assert 0 < parts["loss_without_model"] < 1e3 * summ[m]["step_s_median"]
+    assert "loss without the model pass" in table
 
 
 def test_ratio_ci_pairs_rounds_and_refuses_zero_times():
