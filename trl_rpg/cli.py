@@ -82,7 +82,8 @@ def check_dataset_name(name: str | None) -> None:
     """Refuse at once a `--dataset_name` that names a local data file that does not exist (rather than asking the Hub
     for a data set called `nope.parquet`)."""
     if name and looks_like_data_file(name) and not Path(name).expanduser().exists():
-        raise FileNotFoundError(f"--dataset_name {name!r}: no such file (looked for {Path(name).expanduser().absolute()}"
+        looked_for = Path(name).expanduser().absolute()
+        raise FileNotFoundError(f"--dataset_name {name!r}: no such file (looked for {looked_for}"
                                 "). Give the path of an existing .parquet/.json/.jsonl/.csv/.arrow file, a folder of "
                                 "them, or a Hub data set id.")
 
@@ -386,7 +387,8 @@ def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
         return launch_args
     i = launch_args.index("--accelerate_config")
     if i + 1 >= len(launch_args):
-        raise ValueError(f"Expected a value after --accelerate_config: a file or one of {available_accelerate_configs()}.")
+        names = available_accelerate_configs()
+        raise ValueError(f"Expected a value after --accelerate_config: a file or one of {names}.")
     name = launch_args[i + 1]
     candidates = [Path(name)] + [d / f"{name}.yaml" for d in _accelerate_config_dirs()]
     path = next((c for c in candidates if c.is_file()), None)
@@ -508,7 +510,8 @@ def _subtract_subsequence(items: list[str], subsequence: list[str]) -> list[str]
 # ----------------------------------------------------------------------------------------------------------------
 
 
-_TRL_INTERNAL_DEPRECATIONS = r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)`"
+_TRL_INTERNAL_DEPRECATIONS = (r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
+                              r"gradient_checkpointing_disable)`")
 
 
 def show_upstream_warnings_once() -> None:

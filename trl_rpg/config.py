@@ -16,6 +16,12 @@ AGGREGATION_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 DYNAMIC_SAMPLING_ON_EXHAUSTED = ("train", "raise")
 
 
+def _field(default, help_text: str, choices: list | None = None):
+    """A config field with its `--help` text (and the allowed values, when there is a fixed set)."""
+    metadata = {"help": help_text} if choices is None else {"help": help_text, "choices": choices}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass
 class RPGConfig(GRPOConfig):
     r"""
@@ -41,8 +47,9 @@ class RPGConfig(GRPOConfig):
       the sampler, w = 1 on-policy and the KL gradient vanishes; the regulariser and the clip act only on reused,
       off-policy batches (docs/math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
 
-    Every other field keeps `GRPOConfig`'s default, including `bf16=True`: on a machine without a GPU pass
-    `use_cpu=True, bf16=False` (CLI: `--use_cpu True --bf16 False`).
+    `use_bias_correction_kl` (GRPO's weighting of its k3 penalty by w) is ignored: RPG's KL term is exact off-policy
+    by construction. Every other field keeps `GRPOConfig`'s default, including `bf16=True`: on a machine without a
+    GPU pass `use_cpu=True, bf16=False` (CLI: `--use_cpu True --bf16 False`).
 
     Parameters:
         > Parameters that control the RPG objective
@@ -107,106 +114,95 @@ class RPGConfig(GRPOConfig):
     """
 
     # ---- GRPOConfig fields whose defaults change (the paper's setup) ----
-    beta: float = field(
-        default=1e-4,
-        metadata={"help": "KL coefficient beta of the RPG objective E[A] - beta * D. The paper uses 1e-4."},
+    beta: float = _field(1e-4, "KL coefficient beta of the RPG objective E[A] - beta * D. The paper uses 1e-4.")
+    epsilon: float | None = _field(
+        None,
+        "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + epsilon_high]. "
+        "Default 0.2 (the paper's).",
     )
-    epsilon: float | None = field(
-        default=None,
-        metadata={"help": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "
-                          "epsilon_high]. Default 0.2 (the paper's)."},
+    epsilon_high: float | None = _field(
+        None,
+        "Upper clip width eps_high (> 0). Default: 0.28 (the paper's clip-higher) when `epsilon` is not set either; "
+        "equal to `epsilon` when only `epsilon` is set, as in GRPOConfig.",
     )
-    epsilon_high: float | None = field(
-        default=None,
-        metadata={"help": "Upper clip width eps_high (> 0). Default: 0.28 (the paper's clip-higher) when `epsilon` is "
-                          "not set either; equal to `epsilon` when only `epsilon` is set, as in GRPOConfig."},
+    scale_rewards: str = _field(
+        "none",
+        "Reward scaling: 'none' (RPG default: advantage = reward - group mean), 'group' or 'batch' (divide by the "
+        "std).",
     )
-    scale_rewards: str = field(
-        default="none",
-        metadata={"help": "Reward scaling: 'none' (RPG default: advantage = reward - group mean), 'group' or "
-                          "'batch' (divide by the std)."},
-    )
-    loss_type: str = field(
-        default="dapo",
-        metadata={"help": "Aggregation of RPG's per-token loss: 'dapo' (default, token-mean over the accumulated "
-                          "batch), 'bnpo' (token-mean over the local batch), 'grpo' (sequence-mean), 'dr_grpo' "
-                          "(sum / max_completion_length). GRPO's other loss types have no meaning under RPG."},
-    )
-
-    use_bias_correction_kl: bool = field(
-        default=False,
-        metadata={"help": "GRPO-only (weights GRPO's k3 penalty by w). Ignored by RPG, whose KL term is exact "
-                          "off-policy by construction."},
+    loss_type: str = _field(
+        "dapo",
+        "Aggregation of RPG's per-token loss: 'dapo' (default, token-mean over the accumulated batch), 'bnpo' "
+        "(token-mean over the local batch), 'grpo' (sequence-mean), 'dr_grpo' (sum / max_completion_length). GRPO's "
+        "other loss types have no meaning under RPG.",
     )
 
     # ---- RPG objective ----
-    rpg_divergence: str = field(
-        default="urkl",
-        metadata={"help": "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised).",
-                  "choices": list(DIVERGENCES)},
+    rpg_divergence: str = _field(
+        "urkl",
+        "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised).",
+        choices=list(DIVERGENCES),
     )
-    rpg_estimator: str = field(
-        default="reinforce",
-        metadata={"help": "Gradient estimator: 'reinforce' (stop-gradient, RPG-REINFORCE) or 'differentiable'.",
-                  "choices": list(ESTIMATORS)},
+    rpg_estimator: str = _field(
+        "reinforce",
+        "Gradient estimator: 'reinforce' (stop-gradient, RPG-REINFORCE) or 'differentiable'.",
+        choices=list(ESTIMATORS),
     )
-    rpg_dual_clip_c: float | None = field(
-        default=10.0,
-        metadata={"help": "Dual-clip bound c > 1 for negative effective advantages; None disables it."},
+    rpg_dual_clip_c: float | None = _field(
+        10.0,
+        "Dual-clip bound c > 1 for negative effective advantages; None disables it.",
     )
 
     # ---- Reference policy ----
-    rpg_reference: str = field(
-        default="sampling",
-        metadata={"help": "Reference policy: 'sampling' (the sampler of each generation batch; no reference "
-                          "model), 'initial' (fixed), 'periodic' (updated every rpg_reference_update_steps), "
-                          "'adaptive' (updated when the divergence average exceeds rpg_reference_kl_target).",
-                  "choices": list(REFERENCE_MODES)},
+    rpg_reference: str = _field(
+        "sampling",
+        "Reference policy: 'sampling' (the sampler of each generation batch; no reference model), 'initial' (fixed), "
+        "'periodic' (updated every rpg_reference_update_steps), 'adaptive' (updated when the divergence average "
+        "exceeds rpg_reference_kl_target).",
+        choices=list(REFERENCE_MODES),
     )
-    rpg_reference_update_steps: int | None = field(
-        default=None,
-        metadata={"help": "Optimizer steps between reference updates (rpg_reference='periodic' only)."},
+    rpg_reference_update_steps: int | None = _field(
+        None,
+        "Optimizer steps between reference updates (rpg_reference='periodic' only).",
     )
-    rpg_reference_kl_target: float | None = field(
-        default=None,
-        metadata={"help": "Divergence target that triggers a reference update (rpg_reference='adaptive' only)."},
+    rpg_reference_kl_target: float | None = _field(
+        None,
+        "Divergence target that triggers a reference update (rpg_reference='adaptive' only).",
     )
-    rpg_reference_kl_decay: float = field(
-        default=0.9,
-        metadata={"help": "Decay of the moving average of the divergence used by rpg_reference='adaptive'."},
+    rpg_reference_kl_decay: float = _field(
+        0.9,
+        "Decay of the moving average of the divergence used by rpg_reference='adaptive'.",
     )
 
     # ---- Batch reuse and checkpoints ----
-    rpg_generation_reuse: int = field(
-        default=4,
-        metadata={"help": "Optimizer steps per generation batch when steps_per_generation, generation_batch_size "
-                          "and num_iterations are left unset."},
+    rpg_generation_reuse: int = _field(
+        4,
+        "Optimizer steps per generation batch when steps_per_generation, generation_batch_size and num_iterations are"
+        " left unset.",
     )
-    rpg_save_generation_buffer: bool = field(
-        default=True,
-        metadata={"help": "Save the buffered generation batch in checkpoints so resuming inside a reused batch is "
-                          "exact."},
+    rpg_save_generation_buffer: bool = _field(
+        True,
+        "Save the buffered generation batch in checkpoints so resuming inside a reused batch is exact.",
     )
 
     # ---- Dynamic sampling (DAPO) ----
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={"help": "Drop zero-reward-variance groups and generate more prompts until the batch is full."},
+    dynamic_sampling: bool = _field(
+        False,
+        "Drop zero-reward-variance groups and generate more prompts until the batch is full.",
     )
-    dynamic_sampling_max_rounds: int = field(
-        default=8,
-        metadata={"help": "Generation rounds allowed per training batch when dynamic_sampling is on."},
+    dynamic_sampling_max_rounds: int = _field(
+        8,
+        "Generation rounds allowed per training batch when dynamic_sampling is on.",
     )
-    dynamic_sampling_on_exhausted: str = field(
-        default="train",
-        metadata={"help": "When the rounds run out: 'train' (fill with the best groups seen and log it) or 'raise'.",
-                  "choices": list(DYNAMIC_SAMPLING_ON_EXHAUSTED)},
+    dynamic_sampling_on_exhausted: str = _field(
+        "train",
+        "When the rounds run out: 'train' (fill with the best groups seen and log it) or 'raise'.",
+        choices=list(DYNAMIC_SAMPLING_ON_EXHAUSTED),
     )
-    dynamic_sampling_metric: str | None = field(
-        default=None,
-        metadata={"help": "Whose reward spread decides if a group is kept: the name of one reward function (e.g. "
-                          "'math_reward', as in DAPO and the paper: filter on accuracy) or None (default) for the "
-                          "weighted total of all reward functions."},
+    dynamic_sampling_metric: str | None = _field(
+        None,
+        "Whose reward spread decides if a group is kept: the name of one reward function (e.g. 'math_reward', as in "
+        "DAPO and the paper: filter on accuracy) or None (default) for the weighted total of all reward functions.",
     )
 
     def __post_init__(self):

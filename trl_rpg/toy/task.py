@@ -34,7 +34,6 @@ import os
 import random
 import re
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -488,16 +487,10 @@ def generate_completions(
                     temperature=0.0 if greedy else temperature, batch_size=batch_size).texts
 
 
-def evaluate_accuracy(
-    model,
-    tokenizer,
-    dataset,
-    max_new_tokens: int = EVAL_MAX_NEW_TOKENS,
-    greedy: bool = True,
-    batch_size: int = EVAL_BATCH_SIZE,
-) -> float:
-    """Share of ``dataset`` problems whose generated completion earns ``toy_reward`` 1.0."""
-    completions = generate_completions(model, tokenizer, dataset, max_new_tokens, greedy=greedy, batch_size=batch_size)
+def evaluate_accuracy(model, tokenizer, dataset, **generation) -> float:
+    """Share of ``dataset`` problems whose generated completion earns ``toy_reward`` 1.0 (greedy by default;
+    ``generation``: the options of :func:`generate_completions`)."""
+    completions = generate_completions(model, tokenizer, dataset, **generation)
     rewards = toy_reward(completions, list(dataset["answer"]))
     return sum(rewards) / max(1, len(rewards))
 
