@@ -340,6 +340,8 @@ def zero3_modes(workdir, model_dir, deepspeed_cpu_ops):
         {"name": "adaptive_lora", "peft": True, "probe": True,
          "config": dict(common, rpg_reference="adaptive", rpg_reference_kl_target=1e-7, beta=0.05)},
         {"name": "sampling_full", "config": dict(common, max_steps=2)},
+        # DeepSpeed owns its gradients: a non-finite step is skipped by DeepSpeed, not by RPG's guard
+        dict(agreement_run("poisoned_full", False, 4, max_steps=3), poison_step=2),
     ]
     return launch(workdir, "zero3_modes", "zero3", model_dir, runs)
 
@@ -509,6 +511,23 @@ def test_zero3_initial_adaptive_and_sampling_references(zero3_modes):
     assert_zero3_partitioned(zero3_modes["ranks"], "initial_full", reference=True)
     assert_zero3_partitioned(zero3_modes["ranks"], "adaptive_lora", reference=False)
     assert_zero3_partitioned(zero3_modes["ranks"], "sampling_full", reference=False)
+
+
+@distributed
+@needs_deepspeed
+def test_zero3_skips_a_step_whose_gradient_norm_is_not_finite(zero3_modes):
+    """What `trl_rpg/gradient_guard.py` documents: under DeepSpeed the guard stands aside and DeepSpeed itself skips a
+    step whose global gradient norm is not finite (here ZeRO-3 in fp32); the parameters do not move at that step and
+    training goes on after it."""
+    for rank in zero3_modes["ranks"]:
+        result = rank["poisoned_full"]
+        probes = {p["step"]: p["policy"] for p in result["probes"]}
+        assert sorted(probes) == [0, 1, 2, 3]
+        assert max_abs_diff(probes[1], probes[0]) > 100 * PROBE_ATOL  # step 1 trains
+        assert probes[2] == probes[1]  # the poisoned step 2 moved nothing
+        assert max_abs_diff(probes[3], probes[2]) > 100 * PROBE_ATOL  # step 3 trains again
+        assert all(math.isfinite(v) for v in probes[3])
+        assert result["skipped_steps"] == 0  # RPG's guard did not act: DeepSpeed did
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -81,6 +81,31 @@ def test_finite_steps_are_never_skipped(tmp_path, model_path):
     assert not any("rpg/skipped_steps" in h for h in trainer.state.log_history)
 
 
+def test_fp16_overflow_is_left_to_the_gradient_scaler(tmp_path, model_path):
+    """With fp16 and a gradient scaler an overflowing step is ordinary: the scaler sees the inf, skips the step and
+    lowers its scale; the guard neither touches the gradients nor reports a fault. Accelerate gives no scaler on CPU,
+    so the test installs torch's CPU `GradScaler` (and fp16 autocast) where accelerate puts its CUDA one: the
+    optimizer is wrapped with it, `backward` scales, clipping unscales, `step` skips and updates the scale."""
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=3, steps_per_generation=4, fp16=True))
+    trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    trainer.accelerator.native_amp = True
+    poison_gradient_at(trainer, 2, float("inf"))
+    snapshots = Snapshots(trainer)
+    trainer.add_callback(snapshots)
+    trainer.train()
+    assert trainer.optimizer.scaler is trainer.accelerator.scaler  # the scaler really drove the steps
+    before, overflowed, after = snapshots.after[1], snapshots.after[2], snapshots.after[3]
+    for a, b in zip(before["params"], overflowed["params"]):
+        assert torch.equal(a, b)  # the scaler skipped the overflowing step
+    for a, b in zip(before["exp_avg"], overflowed["exp_avg"]):
+        assert torch.equal(a, b)
+    assert trainer.accelerator.scaler.get_scale() == 2.0 ** 9  # ... and halved its scale: it saw the inf
+    assert any(not torch.equal(a, b) for a, b in zip(overflowed["params"], after["params"]))
+    assert trainer.skipped_steps == 0  # not reported as a fault
+    assert not any("rpg/skipped_steps" in h for h in trainer.state.log_history)
+
+
 @pytest.mark.parametrize("norm,deepspeed,scaler,skip", [
     (torch.tensor(float("inf")), False, False, True),
     (float("nan"), False, False, True),

@@ -58,11 +58,19 @@ EPS_LOW, EPS_HIGH = 0.2, 0.28
 ROOT = Path(__file__).resolve().parents[1]
 DDP_SCRIPT = ROOT / "tests" / "distributed" / "equivalence_script.py"
 #: The pairs trained under DDP: dapo's normaliser divides the all-process token count by the number of processes,
-#: and the entropy quantile is taken over the tokens of all processes; bnpo's token-mean is per process.
+#: and the entropy quantile is taken over the tokens of all processes; bnpo's token-mean is per process; grpo and
+#: dr_grpo normalise per sequence and by the configured length; the off-policy mask, sequence-level importance
+#: sampling and the masking of truncated completions act on each process's rows. dr_grpo's normaliser (rows x
+#: max_completion_length) makes its steps small: at lr 2.0 its clip is active, as every run here asserts.
 DDP_RUNS = [
     {"name": "dapo", "settings": {"loss_type": "dapo"}},
     {"name": "bnpo", "settings": {"loss_type": "bnpo"}},
+    {"name": "grpo", "settings": {"loss_type": "grpo"}},
+    {"name": "dr_grpo", "settings": {"loss_type": "dr_grpo", "scale_rewards": "none", "learning_rate": 2.0}},
     {"name": "entropy", "settings": {"top_entropy_quantile": 0.5, "entropy_coef": 0.1}},
+    {"name": "off_policy_mask", "settings": {"off_policy_mask_threshold": 0.02}},
+    {"name": "sequence", "settings": {"importance_sampling_level": "sequence"}},
+    {"name": "mask_truncated", "settings": {"mask_truncated_completions": True}},
 ]
 
 #: GRPO runs shared by several tests (a GRPOTrainer result depends only on its settings).

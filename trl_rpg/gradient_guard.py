@@ -11,6 +11,7 @@ Not applied, on purpose:
   it and lowers its scale (it must see the inf to do so);
 - under DeepSpeed, which owns the gradients: DeepSpeed 0.19 itself skips a step whose global gradient norm is not
   finite (ZeRO-1/2/3, every precision; in bf16 while `bf16.check_grad_overflow` is true, its default).
+Both are tested end to end (tests/test_gradient_guard.py, tests/test_distributed.py).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_scrip
         save_model           directory for `trainer.save_model` after training
         probe                record the policy's (and the reference's) log-probs of a fixed probe sequence before
                              training and after every optimizer step
+        poison_step          optional: during this optimizer step (1-based) the `lm_head` gradient is multiplied
+                             by inf on every rank, so the step's gradient norm is not finite
 
 Each rank's result file holds, per run: the per-step losses of `trainer.state.log_history`, the probe log-probs,
 and under ZeRO-3 the partitioning of the policy's (and the reference model's) parameters on that rank.
@@ -145,6 +147,19 @@ class Recorder(TrainerCallback):
         self._probe(state.global_step)
 
 
+class Poison(TrainerCallback):
+    """Multiplies the `lm_head` weight's gradient by inf during optimizer step `step` (a tensor hook on the parameter,
+    which runs before DeepSpeed's own gradient hooks)."""
+
+    def __init__(self, model, step: int):
+        self.step = step
+        self.active = False
+        model.lm_head.weight.register_hook(lambda grad: grad * float("inf") if self.active else grad)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.active = state.global_step + 1 == self.step
+
+
 def run_one(spec, run, model_dir):
     overrides = dict(run.get("config", {}))
     overrides.setdefault("output_dir", os.path.join(spec["output_dir"], run["name"]))
@@ -164,6 +179,8 @@ def run_one(spec, run, model_dir):
     )
     recorder = Recorder(trainer, probe=bool(run.get("probe")))
     trainer.add_callback(recorder)
+    if run.get("poison_step"):
+        trainer.add_callback(Poison(trainer.model, run["poison_step"]))
 
     trainer.train(resume_from_checkpoint=run.get("resume_from_checkpoint"))
 
@@ -178,6 +195,7 @@ def run_one(spec, run, model_dir):
         "probes": recorder.probes,
         "final_policy_probe": policy_probe(trainer),
         "peft": bool(run.get("peft")),
+        "skipped_steps": trainer.skipped_steps,  # counted by RPG's own guard
     }
     if run.get("save_model"):
         trainer.save_model(run["save_model"])
