@@ -96,9 +96,9 @@ CUDA = Settings(device="cuda", hidden_size=896, num_layers=24, num_heads=14, num
 CUDA_QUICK = dataclasses.replace(CUDA, lengths=(128, 256), repetitions=1, measured_cycles=2)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Model and data
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def model_dir(s: Settings) -> str:
@@ -146,9 +146,9 @@ def pseudo_reward(completions, **kwargs):
     return [(zlib.crc32(t.encode()) % 1000) / 1000.0 for t in texts]
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # One run (in a child process)
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _rss_kib() -> int:
@@ -292,9 +292,9 @@ def run_one(s: Settings, method: str, length: int, out_dir: str) -> dict:
     return result
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The training side on its own: one fixed generated batch, the three trainers' cycles interleaved in one process
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def fixed_completions(s: Settings, length: int, n: int) -> list[list[int]]:
@@ -483,9 +483,9 @@ def ratio_ci(numerators: list[float], denominators: list[float]) -> dict | None:
             "high": math.exp(c["mean"] + c["half_width"]), "n": c["n"]}
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Driver: interleaved runs, each in a subprocess
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _spawn(s: Settings, method: str | None, length: int) -> dict:
@@ -738,7 +738,8 @@ def training_side_markdown(result: dict) -> str:
     header = (["completion length"] + [f"{m} train step, {kind} (s)" for m in METHODS]
               + ["train step RPG/GRPO(β>0) [95% CI]", "train step RPG/GRPO(β=0) [95% CI]",
                  "whole step RPG/GRPO(β>0)", "whole step RPG/GRPO(β=0)", "peak memory RPG/GRPO(β=0)"])
-    return (parts_markdown(result) + f"\n\nTraining side on its own: the same fixed generated batch ({s['per_device_train_batch_size']} "
+    return (parts_markdown(result) + "\n\nTraining side on its own: the same fixed generated batch "
+            f"({s['per_device_train_batch_size']} "
             f"completions per optimizer step, {s['reuse']} steps per batch) fed to each trainer (log-prob passes, "
             f"scoring, loss, backward, clipping and guard, optimizer step; no generation), {n} interleaved rounds in "
             f"one process, median {kind} time per optimizer step; ratios are geometric means of the per-round "

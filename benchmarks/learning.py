@@ -81,8 +81,8 @@ class Settings:
     methods: tuple = DEFAULT_METHODS
     generation_batches: int = 25  # budget: optimizer steps = generation_batches * REUSE
     reuse: int = REUSE
-    # Fixed here (None would take trl_rpg.toy.task.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made the
-    # tiny model's held-out accuracy collapse in trial runs, for every method.
+    # Fixed here (None would take trl_rpg.toy.task.RECOMMENDED_RL_ARGS's value). lr 3e-4: with batch reuse, 1e-3 made
+    # the tiny model's held-out accuracy collapse in trial runs, for every method.
     per_device_train_batch_size: int | None = 64  # completions per optimizer step
     num_generations: int | None = 8  # completions per prompt (group size)
     learning_rate: float | None = 3e-4
@@ -108,9 +108,9 @@ FULL = Settings()
 QUICK = Settings(seeds=(0, 1), generation_batches=4, eval_problems=128)
 
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Worker side (the toy-task machinery is shared with benchmarks/offpolicy.py: see _common.py)
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 # Names kept for callers of this module.
 _init_worker = init_worker
@@ -177,9 +177,9 @@ def _thin_logs(logs: list[dict]) -> dict:
             out[k] = round(statistics.fmean(vals), 5)
     return out
 
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Driver side
-# ----------------------------------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def run(s: Settings, log=print) -> dict:

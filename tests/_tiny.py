@@ -2,7 +2,6 @@
 
 import os
 
-import torch
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM

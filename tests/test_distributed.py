@@ -320,7 +320,8 @@ def one_to_two(workdir, model_dir, single):
 @pytest.fixture(scope="module")
 def two_to_one(workdir, model_dir, ddp_full):
     """The 2-process DDP checkpoint of step 3 resumed by 1 process."""
-    return _resumed_on(workdir, model_dir, "two_to_one", "single", 8, ddp_full["dir"] / "out" / "full" / "checkpoint-3")
+    checkpoint = ddp_full["dir"] / "out" / "full" / "checkpoint-3"
+    return _resumed_on(workdir, model_dir, "two_to_one", "single", 8, checkpoint)
 
 
 @pytest.fixture(scope="module")

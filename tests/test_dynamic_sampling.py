@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 import pytest
 import torch
 from _tiny import cpu_args, save_tiny_model, tiny_dataset
-from datasets import Dataset, IterableDataset
+from datasets import IterableDataset
 
 from trl_rpg import RPGConfig
 from trl_rpg import dynamic_sampling as ds

@@ -35,7 +35,8 @@ def test_the_reported_case_names_the_product_and_the_fixes(tmp_path):
 
 
 def test_other_sources_of_steps_per_generation(tmp_path):
-    with pytest.raises(ValueError, match=r"= per_device_train_batch_size 4 x steps_per_generation 2 x 1 process\(es\)"):
+    expected = r"= per_device_train_batch_size 4 x steps_per_generation 2 x 1 process\(es\)"
+    with pytest.raises(ValueError, match=expected):
         _config(RPGConfig, tmp_path, per_device_train_batch_size=4, num_generations=3, steps_per_generation=2)
     with pytest.raises(ValueError, match=r"steps_per_generation 2 \(= gradient_accumulation_steps, TRL's default "
                                          r"when num_iterations > 1\)"):

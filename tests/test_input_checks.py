@@ -146,7 +146,8 @@ def test_accepted_rewards_become_floats_and_none(rewards):
 @pytest.mark.parametrize(
     "rewards,match",
     [({0: 1.0, 1: 0.5, 2: 0.0}, "returned a dict"), ("110", "returned a str"), ({1.0, 0.5, 0.0}, "returned a set"),
-     ((x for x in [1.0, 0.5, 0.0]), "returned a generator"), (np.ones((3, 1)), r"returned a ndarray of shape \(3, 1\)"),
+     ((x for x in [1.0, 0.5, 0.0]), "returned a generator"),
+     (np.ones((3, 1)), r"returned a ndarray of shape \(3, 1\)"),
      (torch.tensor(1.0), r"returned a Tensor of shape \(\)"), (3.0, "returned a float"), (None, "returned a NoneType"),
      (np.array([1j, 1, 1]), "returned a complex ndarray"), ([1.0, "0.5", 0.0], "returned '0.5' for row 1"),
      ([1.0, [0.5], 0.0], r"returned \[0.5\] for row 1"), ([1.0, 0.5, 1j], "returned 1j for row 2")],

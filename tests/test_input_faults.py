@@ -10,7 +10,6 @@ import torch
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset, tiny_model, tiny_tokenizer
 from datasets import Dataset, IterableDataset
 from tokenizers import normalizers
-from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_rpg import RPGConfig, RPGTrainer
@@ -61,7 +60,8 @@ def test_bad_data_set_is_rejected_before_any_compute(tmp_path, dataset, match):
 def test_too_small_data_set_is_rejected_before_any_compute(tmp_path, size, match):
     """cpu_args: 8 completions per device x steps_per_generation 4 (rpg_generation_reuse) / 4 generations = 8
     prompts per generation batch; TRL's sampler drops an incomplete one, so 7 prompts would train 0 steps."""
-    with pytest.raises(ValueError, match=f"`train_dataset` {match}, but one generation batch needs 8 distinct prompts"):
+    expected = f"`train_dataset` {match}, but one generation batch needs 8 distinct prompts"
+    with pytest.raises(ValueError, match=expected):
         make(str(tmp_path / "no-model-here"), tmp_path, dataset=tiny_dataset(size))
 
 

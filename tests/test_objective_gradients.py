@@ -57,7 +57,8 @@ def test_surrogate_gradient_matches_objective_gradient_for_unnormalised_policy(d
     torch.testing.assert_close(surrogate_grad, -objective_grad, rtol=0, atol=1e-10)
     for other in DIVERGENCES:
         if other != divergence:
-            other_grad = grad_of(lambda t: analytic_objective(t.exp(), ref, rewards - baseline, BETA, other), theta)
+            other_grad = grad_of(
+                lambda t, o=other: analytic_objective(t.exp(), ref, rewards - baseline, BETA, o), theta)
             assert (surrogate_grad + other_grad).abs().max() > 1e-3
 
 
@@ -72,7 +73,7 @@ def test_wrong_divergence_is_detected(divergence):
         # FKL and UFKL share their gradient for normalised distributions (sum pi = 1); so do RKL and URKL
         if other == divergence or {other, divergence} in ({"fkl", "ufkl"}, {"rkl", "urkl"}):
             continue
-        other_grad = grad_of(lambda t: analytic_objective(torch.softmax(t, 0), ref, rewards, BETA, other), theta)
+        other_grad = grad_of(lambda t, o=other: analytic_objective(torch.softmax(t, 0), ref, rewards, BETA, o), theta)
         assert (surrogate_grad + other_grad).abs().max() > 1e-4
 
 

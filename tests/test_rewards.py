@@ -110,7 +110,8 @@ def test_reported_case_scores_right_in_training_and_evaluation():
 
     completion = "We need the answer: first compute x.\nx = 6, so the total is \\boxed{42}."
     assert math_reward([completion], ground_truth=["42"]) == [1.0]
-    assert math_reward([[{"role": "assistant", "content": completion}]], reward_model=[{"ground_truth": "42"}]) == [1.0]
+    conversation = [[{"role": "assistant", "content": completion}]]
+    assert math_reward(conversation, reward_model=[{"ground_truth": "42"}]) == [1.0]
     assert score_completions([completion], ["42"]) == [1.0]
 
 
@@ -380,8 +381,8 @@ def test_math_reward_answer_column():
     completions = ["Answer: 12", "Answer: 13", "\\boxed{5}"]
     assert math_reward(completions, answer=["12", "12", 5]) == [1.0, 0.0, 1.0]
     # ground_truth and reward_model come first
-    assert math_reward(["Answer: 1", "Answer: 2"], ground_truth=["1", None], reward_model=[None, {"ground_truth": "2"}],
-                       answer=["9", "9"]) == [1.0, 1.0]
+    assert math_reward(["Answer: 1", "Answer: 2"], ground_truth=["1", None],
+                       reward_model=[None, {"ground_truth": "2"}], answer=["9", "9"]) == [1.0, 1.0]
     with pytest.raises(ValueError, match="`answer` has 1 entries"):
         math_reward(["Answer: 1", "Answer: 2"], answer=["1"])
 
@@ -433,7 +434,8 @@ def test_rewards_module_does_not_import_the_toy_task():
     import subprocess
     import sys
 
-    code = "import sys, trl_rpg.rewards as r; assert 'toy_reward' in r.REWARD_FUNCS; print('trl_rpg.toy' in sys.modules)"
+    code = ("import sys, trl_rpg.rewards as r; assert 'toy_reward' in r.REWARD_FUNCS; "
+            "print('trl_rpg.toy' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"

@@ -532,8 +532,8 @@ def show_upstream_warnings_once() -> None:
 
 
 def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
-    from .toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
     from .objectives import DIVERGENCES, ESTIMATORS
+    from .toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
 
     parser = argparse.ArgumentParser(
         prog=prog, description="Train a tiny model built on the spot (no download) on a toy arithmetic-reasoning task "

@@ -21,7 +21,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _equivalence.py and _tiny.py
 
-from _equivalence import (
+from _equivalence import (  # noqa: E402
     FixedGRPOTrainer,
     FixedRPGTrainer,
     base_settings,
@@ -31,7 +31,7 @@ from _equivalence import (
     parameters,
     prompts,
 )
-from safetensors.torch import save_file
+from safetensors.torch import save_file  # noqa: E402
 
 
 def run_pair(spec: dict, run: dict) -> tuple[dict, int]:

@@ -1,4 +1,6 @@
-"""Dynamic sampling under DDP: run with `accelerate launch --num_processes 2 --cpu tests/dynamic/ddp_script.py MODEL OUT`.
+"""Dynamic sampling under DDP.
+
+Run with `accelerate launch --num_processes 2 --cpu tests/dynamic/ddp_script.py MODEL OUT`.
 
 Each process writes OUT/rank{R}.json: its training batches (rows, advantages, reward calls, plan statistics), its
 logged dynamic-sampling metrics, and a checksum of its final parameters. `tests/test_dynamic_sampling.py` checks them.
