@@ -119,11 +119,13 @@ def assert_same_grpo_fields(grpo_args: GRPOConfig, rpg_args: RPGConfig) -> None:
     assert not differ, {name: (getattr(grpo_args, name), getattr(rpg_args, name)) for name in differ}
 
 
-def make_trainer(trainer_cls, model_dir: str, args, train_dataset, eval_dataset=None, reward=length_reward):
+def make_trainer(trainer_cls, model_dir: str, args, train_dataset, eval_dataset=None, reward=length_reward,
+                 peft_config=None):
     from transformers import AutoTokenizer
 
     return trainer_cls(model=model_dir, reward_funcs=reward, args=args, train_dataset=train_dataset,
-                       eval_dataset=eval_dataset, processing_class=AutoTokenizer.from_pretrained(model_dir))
+                       eval_dataset=eval_dataset, processing_class=AutoTokenizer.from_pretrained(model_dir),
+                       peft_config=peft_config)
 
 
 def parameters(trainer) -> dict[str, torch.Tensor]:

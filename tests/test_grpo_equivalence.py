@@ -46,7 +46,7 @@ from _equivalence import (
     parameters,
     prompts,
 )
-from _tiny import save_tiny_model
+from _tiny import length_reward, save_tiny_model
 from trl import GRPOTrainer
 
 PARAM_ATOL = 1e-5
@@ -103,8 +103,9 @@ class MaskRecordingGRPOTrainer(FixedGRPOTrainer):
         return mask
 
 
-def train(trainer_cls, model_dir, args, train_size=16, eval_dataset=None) -> dict:
-    trainer = make_trainer(trainer_cls, model_dir, args, prompts(train_size), eval_dataset=eval_dataset)
+def train(trainer_cls, model_dir, args, train_size=16, eval_dataset=None, **trainer_kwargs) -> dict:
+    trainer = make_trainer(trainer_cls, model_dir, args, prompts(train_size), eval_dataset=eval_dataset,
+                           **trainer_kwargs)
     trainer.train()
     result = {"params": parameters(trainer), "history": trainer.state.log_history, "loss": logged(trainer, "loss"),
               "eval_loss": logged(trainer, "eval_loss"), "mixed_precision": trainer.accelerator.mixed_precision}
@@ -113,12 +114,15 @@ def train(trainer_cls, model_dir, args, train_size=16, eval_dataset=None) -> dic
     return result
 
 
-def run_pair(tmp_path, model_dir, settings: dict, grpo_cls=FixedGRPOTrainer, eval_dataset=None, **rpg_settings):
+def run_pair(tmp_path, model_dir, settings: dict, grpo_cls=FixedGRPOTrainer, eval_dataset=None, trainer_kwargs=None,
+             **rpg_settings):
+    """GRPO then RPG on the same settings; `trainer_kwargs` (reward functions, `peft_config`) go to both trainers."""
     grpo_args, rpg_args = config_pair(tmp_path, settings, **rpg_settings)
-    key = repr(sorted(settings.items())) + grpo_cls.__name__ + repr(eval_dataset is not None)
+    trainer_kwargs = trainer_kwargs or {}
+    key = repr(sorted(settings.items())) + grpo_cls.__name__ + repr(eval_dataset is not None) + repr(trainer_kwargs)
     if key not in _GRPO_RUNS:
-        _GRPO_RUNS[key] = train(grpo_cls, model_dir, grpo_args, eval_dataset=eval_dataset)
-    rpg = train(FixedRPGTrainer, model_dir, rpg_args, eval_dataset=eval_dataset)
+        _GRPO_RUNS[key] = train(grpo_cls, model_dir, grpo_args, eval_dataset=eval_dataset, **trainer_kwargs)
+    rpg = train(FixedRPGTrainer, model_dir, rpg_args, eval_dataset=eval_dataset, **trainer_kwargs)
     return _GRPO_RUNS[key], rpg
 
 
@@ -241,6 +245,80 @@ def test_eval_loss_matches_grpo(tmp_path, model_dir, initial, loss_type):
     assert grpo["eval_loss"][4] != grpo["eval_loss"][8]  # the evaluated model changed in between
     assert_same_values(rpg["eval_loss"], grpo["eval_loss"], "eval loss")
     assert_same_parameters(grpo, rpg, initial, f"loss_type={loss_type}, with an eval set")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GRPO features around the loss: several weighted rewards, LoRA, gradient checkpointing, num_iterations
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def first_character_reward(completions, **kwargs):
+    """A second reward, independent of length: the first character's code modulo 3, halved."""
+    return [(ord(c[0]) % 3) / 2 if c else 0.0 for c in completions]
+
+
+class AsyncDistinctCharacters:
+    """A third reward, written as TRL allows: a class instance with `async def __call__`."""
+
+    __name__ = "distinct_characters"
+
+    async def __call__(self, completions, **kwargs):
+        return [len(set(c)) / 8 for c in completions]
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_several_weighted_reward_functions_train_like_grpo(tmp_path, model_dir, initial, aggregation):
+    """Three reward functions (sync, sync, async instance) with `reward_weights` (one negative) and each
+    `multi_objective_aggregation`: RPG's checked reward wrappers and its reward capture must hand TRL the same
+    rewards, in the same order, as GRPO's own calls (catches a dropped weight, a reordered or double-called
+    function, a wrapper that breaks async)."""
+    settings = base_settings(reward_weights=[1.0, 0.5, -0.3], multi_objective_aggregation=aggregation,
+                             learning_rate=LEARNING_RATE)
+    rewards = [length_reward, first_character_reward, AsyncDistinctCharacters()]
+    grpo, rpg = run_pair(tmp_path, model_dir, settings, trainer_kwargs={"reward": rewards})
+    for name in ("length_reward", "first_character_reward", "distinct_characters"):
+        assert logged_in(rpg, f"rewards/{name}/mean") == logged_in(grpo, f"rewards/{name}/mean")
+        assert logged_in(rpg, f"rewards/{name}/std") == logged_in(grpo, f"rewards/{name}/std")
+        assert max(logged_in(grpo, f"rewards/{name}/std").values()) > 0  # each function takes part
+    assert logged_in(rpg, "reward") == logged_in(grpo, "reward")
+    assert_same_parameters(grpo, rpg, initial, f"3 weighted rewards, {aggregation}")
+    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
+
+
+def test_lora_trains_like_grpo(tmp_path, model_dir):
+    """`peft_config` (LoRA on the attention projections): the adapters train to GRPO's; the base stays frozen."""
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                      task_type="CAUSAL_LM")
+    grpo, rpg = run_pair(tmp_path, model_dir, base_settings(learning_rate=LEARNING_RATE),
+                         trainer_kwargs={"peft_config": lora})
+    adapters = [n for n in rpg["params"] if "lora_" in n]
+    assert adapters and grpo["params"].keys() == rpg["params"].keys()
+    diff = max_difference(grpo["params"], rpg["params"])
+    trained = max(grpo["params"][n].abs().max().item() for n in adapters if "lora_B" in n)  # B starts at 0
+    print(f"[equivalence] LoRA: max |RPG - GRPO| parameter difference {diff:.3g}; largest lora_B entry {trained:.3g}")
+    assert trained > max(MIN_MOVEMENT, 100 * PARAM_ATOL), "the adapters barely trained"
+    assert diff <= PARAM_ATOL, f"LoRA: RPG and GRPO parameters differ by {diff}"
+    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
+
+
+def test_gradient_checkpointing_trains_like_grpo(tmp_path, model_dir, initial):
+    """`gradient_checkpointing=True`: activations are recomputed in backward; nothing else may change."""
+    grpo, rpg = run_pair(tmp_path, model_dir, base_settings(gradient_checkpointing=True, learning_rate=LEARNING_RATE))
+    assert_same_parameters(grpo, rpg, initial, "gradient_checkpointing")
+    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
+
+
+def test_num_iterations_trains_like_grpo(tmp_path, model_dir, initial):
+    """`num_iterations=2` with `steps_per_generation=4`: each generation batch is iterated twice, 2 optimizer steps
+    per pass (TRL's own reuse, beside RPG's `rpg_generation_reuse`, which sets `steps_per_generation`)."""
+    settings = base_settings(num_iterations=2, steps_per_generation=4, learning_rate=LEARNING_RATE)
+    grpo, rpg = run_pair(tmp_path, model_dir, settings)
+    w_max = logged_in(rpg, "rpg/w_max")
+    assert w_max[1] == pytest.approx(1.0) and max(w_max.values()) > 1.0  # reused batches were off-policy
+    assert_same_parameters(grpo, rpg, initial, "num_iterations=2")
+    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
 
 
 # ----------------------------------------------------------------------------------------------------------------
