@@ -71,6 +71,18 @@ DDP_RUNS = [
     {"name": "off_policy_mask", "settings": {"off_policy_mask_threshold": 0.02}},
     {"name": "sequence", "settings": {"importance_sampling_level": "sequence"}},
     {"name": "mask_truncated", "settings": {"mask_truncated_completions": True}},
+    # the controller's entropy is the mean over all processes' tokens: the target lies between the two processes'
+    # own entropies at steps 3-4 (measured 3.7950 / 3.7957, then 3.7960 / 3.7945; all-process mean 3.7954, 3.7952),
+    # so a controller fed one process's mean decides differently (it fails at step 4: coefficient 0.005 vs 0)
+    {"name": "adaptive_entropy", "settings": {"use_adaptive_entropy": True, "entropy_coef": 0.01,
+                                              "entropy_target": 3.7952, "entropy_coef_delta": 0.005,
+                                              "entropy_coef_min": 0.0, "entropy_coef_max": 0.05}},
+    # evaluation: dapo's eval normaliser counts the eval batch's tokens over all processes
+    {"name": "eval", "eval_size": 8, "settings": {"eval_strategy": "steps", "eval_steps": 4,
+                                                  "per_device_eval_batch_size": 4, "entropy_coef": 0.1}},
+    {"name": "bf16", "settings": {"bf16": True}},
+    # RPG-REINFORCE: GRPO's gradient, a different logged loss (see the single-process test)
+    {"name": "reinforce", "rpg": {"rpg_estimator": "reinforce"}},
 ]
 
 #: GRPO runs shared by several tests (a GRPOTrainer result depends only on its settings).
@@ -429,8 +441,24 @@ def test_ddp_two_processes_train_like_grpo(ddp, initial, name):
     for rank, logs in enumerate(ddp):
         grpo, rpg = logs[name]["grpo"], logs[name]["rpg"]
         assert grpo["num_processes"] == rpg["num_processes"] == 2
-        assert_same_parameters(grpo, rpg, initial, f"DDP rank {rank}, {name}")
-        losses = {int(k): v for k, v in rpg["loss"].items()}
-        assert_same_values(losses, {int(k): v for k, v in grpo["loss"].items()}, f"DDP rank {rank} logged loss")
+        by_step = {key: ({int(k): v for k, v in grpo[key].items()}, {int(k): v for k, v in rpg[key].items()})
+                   for key in ("loss", "eval_loss", "entropy_coef")}
+        if name == "adaptive_entropy":  # first: a controller decision that differs moves the coefficient by delta
+            coefficients = by_step["entropy_coef"][0]
+            assert len(set(coefficients.values())) > 2  # the controller moved the coefficient up and down
+            assert_same_values(by_step["entropy_coef"][1], coefficients, f"DDP rank {rank} entropy_coef")
+        if name == "bf16":  # tolerances of test_bf16_autocast_matches_grpo
+            assert grpo["mixed_precision"] == rpg["mixed_precision"] == "bf16"
+            moved = max_difference(grpo["params"], initial)
+            assert_same_parameters(grpo, rpg, initial, f"DDP rank {rank}, {name}", atol=2.0 ** -8 * moved)
+            assert_same_values(by_step["loss"][1], by_step["loss"][0], "logged loss", rtol=2.0 ** -7, atol=1e-4)
+        else:
+            assert_same_parameters(grpo, rpg, initial, f"DDP rank {rank}, {name}")
+        if name not in ("bf16", "reinforce"):
+            assert_same_values(by_step["loss"][1], by_step["loss"][0], f"DDP rank {rank} logged loss")
+        if name == "eval":
+            assert sorted(by_step["eval_loss"][0]) == [4, 8]
+            assert_same_values(by_step["eval_loss"][1], by_step["eval_loss"][0], f"DDP rank {rank} eval loss")
+
         assert max(h + low for h, low in zip(rpg["clip_frac_high"].values(), rpg["clip_frac_low"].values())) > 0
     assert max_difference(ddp[0][name]["rpg"]["params"], ddp[1][name]["rpg"]["params"]) == 0.0

@@ -8,7 +8,7 @@ Usage: `accelerate launch ... equivalence_script.py SPEC.json`. SPEC holds:
     result       prefix of the result files
     train_size   number of training prompts
     runs         list of {"name", "settings" (tests/_equivalence.py `base_settings` overrides), "rpg" (RPGConfig
-                 overrides of the reduction's settings)}
+                 overrides of the reduction's settings), "eval_size" (optional: prompts of an eval set)}
 
 Each rank writes, per run and trainer (`grpo`, `rpg`), its trained parameters to
 `<result>.<run>.<trainer>.rank<R>.safetensors`, and `<result>.rank<R>.json` with each trainer's logged losses.
@@ -41,11 +41,15 @@ def run_pair(spec: dict, run: dict) -> tuple[dict, int]:
     grpo_args, rpg_args = config_pair(Path(spec["output_dir"]) / run["name"], settings, **run.get("rpg", {}))
     result = {}
     for kind, trainer_cls, args in (("grpo", FixedGRPOTrainer, grpo_args), ("rpg", FixedRPGTrainer, rpg_args)):
-        trainer = make_trainer(trainer_cls, spec["model_dir"], args, prompts(spec["train_size"]))
+        eval_dataset = prompts(run["eval_size"], offset=50) if run.get("eval_size") else None
+        trainer = make_trainer(trainer_cls, spec["model_dir"], args, prompts(spec["train_size"]), eval_dataset)
         trainer.train()
         rank = trainer.accelerator.process_index
         save_file(parameters(trainer), f"{spec['result']}.{run['name']}.{kind}.rank{rank}.safetensors")
-        result[kind] = {"loss": logged(trainer, "loss"), "num_processes": trainer.accelerator.num_processes,
+        result[kind] = {"loss": logged(trainer, "loss"), "eval_loss": logged(trainer, "eval_loss"),
+                        "entropy_coef": logged(trainer, "entropy_coef"),
+                        "mixed_precision": trainer.accelerator.mixed_precision,
+                        "num_processes": trainer.accelerator.num_processes,
                         "clip_frac_high": logged(trainer, "rpg/clip_frac_high"),
                         "clip_frac_low": logged(trainer, "rpg/clip_frac_low")}
     return result, rank
