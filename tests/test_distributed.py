@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -168,6 +169,55 @@ def launch(directory: Path, name: str, layout: str, model_dir: str, runs: list[d
             ranks.append(json.load(f))
     print(f"[distributed] {name}: {layout}, {processes} process(es), {seconds:.1f} s")
     return {"ranks": ranks, "seconds": seconds, "dir": directory}
+
+
+def launch_two_nodes(directory: Path, name: str, model_dir: str, runs: list[dict], must_succeed: bool = True,
+                     timeout: float = LAUNCH_TIMEOUT) -> dict:
+    """Run train_script.py as two "machines" of one process each (DDP on CPU), each in its own working directory
+    (`directory/node0`, `directory/node1`): a relative `output_dir` then lands on a separate "disk" per node, as on a
+    cluster whose nodes write checkpoints to local disks. Returns {"codes": exit codes, "logs": each node's output,
+    "ranks": results (when both succeeded), "dirs": the node directories, "seconds": wall time}."""
+    spec = {"model_dir": model_dir, "output_dir": "out", "result": str(directory / "result"), "runs": runs}
+    directory.mkdir(parents=True, exist_ok=True)
+    spec_path = directory / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1))
+    port, procs, dirs = _free_port(), [], []
+    start = time.perf_counter()
+    for node in range(2):
+        node_dir = directory / f"node{node}"
+        node_dir.mkdir(exist_ok=True)
+        config_path, _ = _cpu_config(node_dir, "ddp")
+        config = yaml.safe_load(config_path.read_text())
+        config.update({"num_machines": 2, "machine_rank": node, "main_process_ip": "127.0.0.1",
+                       "main_process_port": port})
+        config_path.write_text(yaml.safe_dump(config))
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_path), str(SCRIPT),
+               str(spec_path)]
+        log = open(node_dir / "log.txt", "w")
+        procs.append((subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT, cwd=node_dir), log))
+        dirs.append(node_dir)
+    codes = []
+    for proc, log in procs:
+        try:
+            codes.append(proc.wait(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            for other, _ in procs:
+                other.kill()
+            codes.append("timeout")
+        log.close()
+    seconds = time.perf_counter() - start
+    logs = [(d / "log.txt").read_text() for d in dirs]
+    print(f"[distributed] {name}: 2 nodes x 1 process, exit codes {codes}, {seconds:.1f} s")
+    if codes != [0, 0]:
+        if must_succeed:
+            tails = "\n".join(f"--- node {n}:\n{log[-3000:]}" for n, log in enumerate(logs))
+            pytest.fail(f"two-node launch {name} ended with {codes}:\n{tails}")
+        return {"codes": codes, "logs": logs, "dirs": dirs, "seconds": seconds}
+    ranks = []
+    for rank in range(2):
+        with open(f"{spec['result']}.rank{rank}.json") as f:
+            ranks.append(json.load(f))
+    return {"codes": codes, "logs": logs, "ranks": ranks, "dirs": dirs, "seconds": seconds}
 
 
 def agreement_run(name: str, peft: bool, per_device: int, **config) -> dict:
@@ -322,6 +372,28 @@ def two_to_one(workdir, model_dir, ddp_full):
     """The 2-process DDP checkpoint of step 3 resumed by 1 process."""
     checkpoint = ddp_full["dir"] / "out" / "full" / "checkpoint-3"
     return _resumed_on(workdir, model_dir, "two_to_one", "single", 8, checkpoint)
+
+
+@pytest.fixture(scope="module")
+def two_nodes(workdir, model_dir):
+    """Two nodes with node-local disks: a run checkpointed at step 3 (`save_on_each_node=True`); a resume from
+    `out/full/checkpoint-3` (relative: each node reads its own disk) while node 1's checkpoint lacks the model
+    weights, which transformers 5 writes on global rank 0 only; then node 0's model files copied to node 1, as a
+    sync would, and the resume again."""
+    directory = workdir / "two_nodes"
+    launch_two_nodes(directory, "first", model_dir, [
+        agreement_run("full", False, 4, save_strategy="steps", save_steps=3, save_on_each_node=True)])
+    resume = agreement_run("full", False, 4, save_on_each_node=True, output_dir="out/resumed")
+    resume["resume_from_checkpoint"] = "out/full/checkpoint-3"
+    checkpoints = [directory / f"node{n}" / "out" / "full" / "checkpoint-3" for n in range(2)]
+    on_node1_after_save = sorted(p.name for p in checkpoints[1].iterdir())
+    without_weights = launch_two_nodes(directory, "without_weights", model_dir, [resume], must_succeed=False,
+                                       timeout=180)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):  # what node 1 lacks
+        shutil.copy(checkpoints[0] / name, checkpoints[1] / name)
+    resumed = launch_two_nodes(directory, "resumed", model_dir, [resume])
+    return {"checkpoints": checkpoints, "on_node1_after_save": on_node1_after_save,
+            "without_weights": without_weights, "resumed": resumed}
 
 
 @pytest.fixture(scope="module")
@@ -543,6 +615,34 @@ def test_ddp_losses_match_single_process(ddp_full, single):
         assert not result["is_deepspeed"] and result["num_processes"] == 2
         assert_losses_match(result, single["ranks"][0]["full"], "DDP full vs 1 process")
     assert_probes_match(ddp_full["ranks"][0]["full"], single["ranks"][0]["full"], "DDP full vs 1 process")
+
+
+@distributed
+def test_two_nodes_with_local_disks_resume_exactly(two_nodes, single):
+    """Each node holds only its own process's generation buffer on its disk, and, with `save_on_each_node`, its own
+    copy of the optimizer, the scheduler and RPG's state and manifest. Resume verifies on each node what that node
+    reads and continues as the uninterrupted single-process run does.
+
+    transformers 5 writes the model weights on global rank 0 only, even with `save_on_each_node` (its
+    `should_save_on_this_rank`): without them node 1 cannot resume (GRPOTrainer neither). That run must fail at
+    once, naming the checkpoint, not hang; with node 0's model files synced to node 1 it resumes exactly."""
+    missing = {"config.json", "model.safetensors"} - set(two_nodes["on_node1_after_save"])
+    assert missing == {"config.json", "model.safetensors"}  # the transformers behaviour described
+    failed = two_nodes["without_weights"]
+    assert failed["codes"][0] not in (0, "timeout") and failed["codes"][1] not in (0, "timeout"), failed["codes"]
+    assert "Can't find a valid checkpoint at out/full/checkpoint-3" in failed["logs"][1]
+    for node, path in enumerate(two_nodes["checkpoints"]):
+        buffers = sorted(p.name for p in path.glob("rpg_generation_buffer_rank*.safetensors"))
+        assert buffers == [f"rpg_generation_buffer_rank{node}.safetensors"], (node, buffers)  # node-local disks
+        manifest = json.loads((path / "rpg_checkpoint_complete.json").read_text())
+        assert manifest["world_size"] == 2 and len(manifest["rank_files"]) == 2  # both processes' files listed
+    for rank in two_nodes["resumed"]["ranks"]:
+        result = rank["full"]
+        assert result["num_processes"] == 2
+        assert [p["step"] for p in result["probes"]] == [3, 4, 5, 6]  # it did resume at step 3
+    result = two_nodes["resumed"]["ranks"][0]["full"]
+    assert_losses_match(result, single["ranks"][0]["full"], "two nodes: resumed vs uninterrupted", steps=[4, 5, 6])
+    assert_probes_match(result, single["ranks"][0]["full"], "two nodes: resumed vs uninterrupted", steps=[4, 5, 6])
 
 
 # ----------------------------------------------------------------------------------------------------------------
