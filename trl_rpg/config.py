@@ -275,6 +275,11 @@ class RPGConfig(GRPOConfig):
             bad("dynamic_sampling_on_exhausted", self.dynamic_sampling_on_exhausted,
                 f"choose one of {list(DYNAMIC_SAMPLING_ON_EXHAUSTED)}")
 
+        if self.max_steps <= 0 and not (_finite(self.num_train_epochs) and self.num_train_epochs > 0):
+            bad("num_train_epochs", self.num_train_epochs,
+                f"with max_steps={self.max_steps} the run would train nothing; set num_train_epochs > 0 or "
+                "max_steps >= 1")
+
         # GRPO settings RPG cannot honour
         if self.sync_ref_model:
             bad("sync_ref_model", True, "use rpg_reference='periodic' with rpg_reference_update_steps (works with "

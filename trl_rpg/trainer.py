@@ -284,11 +284,19 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-        # Override: resume only from a verified, complete RPG checkpoint; a run with no scored batch fails.
+        # Override: resume only from a verified, complete RPG checkpoint; a run with no step or no scored batch fails.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
             resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
+            step = checkpoint.read_manifest(resume_from_checkpoint)["global_step"]
+            if 0 < self.args.max_steps <= step:
+                logger.warning("RPGTrainer: %s is already at step %d (max_steps=%d); transformers' Trainer still "
+                               "takes one more optimizer step when it resumes a checkpoint (GRPOTrainer does too).",
+                               resume_from_checkpoint, step, self.args.max_steps)
         self._scoring = ScoringTally()
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+        if self.state.global_step == 0:
+            raise RuntimeError("RPGTrainer: the run took no optimizer step, so the model was trained on nothing "
+                               f"(max_steps={self.state.max_steps}).")
         if self._scoring.batches and not self._scoring.scored:
             raise RuntimeError(
                 f"RPGTrainer: none of the {self._scoring.batches} training batches had a single scored reward (every "
