@@ -300,6 +300,28 @@ def test_several_weighted_reward_functions_train_like_grpo(tmp_path, model_dir, 
     assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
 
 
+def test_reward_model_trains_like_grpo(tmp_path, model_dir, initial):
+    """A reward model (a local sequence-classification model given by path, which TRL loads and scores with its own
+    tokenizer) next to a reward function: RPG leaves model rewards to TRL and wraps only the callables."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    reward_model_dir = tmp_path / "reward_model"
+    if not reward_model_dir.exists():
+        config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+        config.pad_token_id = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+        torch.manual_seed(1)
+        AutoModelForSequenceClassification.from_config(config).save_pretrained(reward_model_dir)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(reward_model_dir)
+    rewards = [str(reward_model_dir), length_reward]
+    settings = base_settings(reward_weights=[2.0, 1.0], learning_rate=LEARNING_RATE)
+    grpo, rpg = run_pair(tmp_path, model_dir, settings, trainer_kwargs={"reward": rewards})
+    model_means = logged_in(grpo, "rewards/reward_model/mean")
+    assert model_means and len(set(model_means.values())) > 1  # the reward model scored, differently per batch
+    assert logged_in(rpg, "rewards/reward_model/mean") == model_means
+    assert_same_parameters(grpo, rpg, initial, "reward model + reward function")
+    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
+
+
 def test_lora_trains_like_grpo(tmp_path, model_dir):
     """`peft_config` (LoRA on the attention projections): the adapters train to GRPO's; the base stays frozen."""
     from peft import LoraConfig
