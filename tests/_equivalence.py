@@ -70,6 +70,31 @@ class FixedCompletions:
         return completions, [[fake_sampler_logprob(t, k) for k, t in enumerate(c)] for c in completions]
 
 
+def first_character_reward(completions, **kwargs):
+    """A second reward, independent of length: the first character's code modulo 3, halved."""
+    return [(ord(c[0]) % 3) / 2 if c else 0.0 for c in completions]
+
+
+class AsyncDistinctCharacters:
+    """A third reward, written as TRL allows: a class instance with `async def __call__`."""
+
+    __name__ = "distinct_characters"
+
+    async def __call__(self, completions, **kwargs):
+        return [len(set(c)) / 8 for c in completions]
+
+
+def three_rewards() -> list:
+    """Three reward functions of three kinds (a function, another, an async class instance)."""
+    return [length_reward, first_character_reward, AsyncDistinctCharacters()]
+
+
+def lora_config():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+
+
 def fake_sampler_logprob(token: int, position: int) -> float:
     """A made-up sampler's log-prob of `token` at `position`: within +-0.45 of log(1/45), about the tiny untrained
     model's (its entropy is ~3.8 nats), so the importance-sampling ratios pi_old / pi_sampler lie around 0.6-1.6."""

@@ -41,11 +41,13 @@ from _equivalence import (
     base_settings,
     config_pair,
     logged,
+    lora_config,
     make_trainer,
     max_difference,
     parameters,
     pretend_vllm,
     prompts,
+    three_rewards,
 )
 from _tiny import length_reward, save_tiny_model
 from trl import GRPOTrainer
@@ -84,6 +86,10 @@ DDP_RUNS = [
     {"name": "bf16", "settings": {"bf16": True}},
     # RPG-REINFORCE: GRPO's gradient, a different logged loss (see the single-process test)
     {"name": "reinforce", "rpg": {"rpg_estimator": "reinforce"}},
+    # rewards are scored on each process and gathered before the advantages
+    {"name": "three_rewards", "three_rewards": True,
+     "settings": {"reward_weights": [1.0, 0.5, -0.3], "multi_objective_aggregation": "normalize_then_sum"}},
+    {"name": "lora", "peft": True, "settings": {"learning_rate": 3.0}},  # adapters start at 0: lr for an active clip
 ]
 
 #: GRPO runs shared by several tests (a GRPOTrainer result depends only on its settings).
@@ -267,20 +273,6 @@ def test_eval_loss_matches_grpo(tmp_path, model_dir, initial, loss_type):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def first_character_reward(completions, **kwargs):
-    """A second reward, independent of length: the first character's code modulo 3, halved."""
-    return [(ord(c[0]) % 3) / 2 if c else 0.0 for c in completions]
-
-
-class AsyncDistinctCharacters:
-    """A third reward, written as TRL allows: a class instance with `async def __call__`."""
-
-    __name__ = "distinct_characters"
-
-    async def __call__(self, completions, **kwargs):
-        return [len(set(c)) / 8 for c in completions]
-
-
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 def test_several_weighted_reward_functions_train_like_grpo(tmp_path, model_dir, initial, aggregation):
     """Three reward functions (sync, sync, async instance) with `reward_weights` (one negative) and each
@@ -289,7 +281,7 @@ def test_several_weighted_reward_functions_train_like_grpo(tmp_path, model_dir, 
     function, a wrapper that breaks async)."""
     settings = base_settings(reward_weights=[1.0, 0.5, -0.3], multi_objective_aggregation=aggregation,
                              learning_rate=LEARNING_RATE)
-    rewards = [length_reward, first_character_reward, AsyncDistinctCharacters()]
+    rewards = three_rewards()
     grpo, rpg = run_pair(tmp_path, model_dir, settings, trainer_kwargs={"reward": rewards})
     for name in ("length_reward", "first_character_reward", "distinct_characters"):
         assert logged_in(rpg, f"rewards/{name}/mean") == logged_in(grpo, f"rewards/{name}/mean")
@@ -322,21 +314,22 @@ def test_reward_model_trains_like_grpo(tmp_path, model_dir, initial):
     assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
 
 
-def test_lora_trains_like_grpo(tmp_path, model_dir):
-    """`peft_config` (LoRA on the attention projections): the adapters train to GRPO's; the base stays frozen."""
-    from peft import LoraConfig
-
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
-                      task_type="CAUSAL_LM")
-    grpo, rpg = run_pair(tmp_path, model_dir, base_settings(learning_rate=LEARNING_RATE),
-                         trainer_kwargs={"peft_config": lora})
+def assert_same_lora_parameters(grpo, rpg, what):
     adapters = [n for n in rpg["params"] if "lora_" in n]
     assert adapters and grpo["params"].keys() == rpg["params"].keys()
     diff = max_difference(grpo["params"], rpg["params"])
     trained = max(grpo["params"][n].abs().max().item() for n in adapters if "lora_B" in n)  # B starts at 0
-    print(f"[equivalence] LoRA: max |RPG - GRPO| parameter difference {diff:.3g}; largest lora_B entry {trained:.3g}")
-    assert trained > max(MIN_MOVEMENT, 100 * PARAM_ATOL), "the adapters barely trained"
-    assert diff <= PARAM_ATOL, f"LoRA: RPG and GRPO parameters differ by {diff}"
+    print(f"[equivalence] {what}: max |RPG - GRPO| parameter difference {diff:.3g}; largest lora_B entry "
+          f"{trained:.3g}")
+    assert trained > max(MIN_MOVEMENT, 100 * PARAM_ATOL), f"{what}: the adapters barely trained"
+    assert diff <= PARAM_ATOL, f"{what}: RPG and GRPO parameters differ by {diff}"
+
+
+def test_lora_trains_like_grpo(tmp_path, model_dir):
+    """`peft_config` (LoRA on the attention projections): the adapters train to GRPO's; the base stays frozen."""
+    grpo, rpg = run_pair(tmp_path, model_dir, base_settings(learning_rate=LEARNING_RATE),
+                         trainer_kwargs={"peft_config": lora_config()})
+    assert_same_lora_parameters(grpo, rpg, "LoRA")
     assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
 
 
@@ -488,7 +481,9 @@ def test_ddp_two_processes_train_like_grpo(ddp, initial, name):
             coefficients = by_step["entropy_coef"][0]
             assert len(set(coefficients.values())) > 2  # the controller moved the coefficient up and down
             assert_same_values(by_step["entropy_coef"][1], coefficients, f"DDP rank {rank} entropy_coef")
-        if name == "bf16":  # tolerances of test_bf16_autocast_matches_grpo
+        if name == "lora":  # adapter parameters: compared as in test_lora_trains_like_grpo
+            assert_same_lora_parameters(grpo, rpg, f"DDP rank {rank}, lora")
+        elif name == "bf16":  # tolerances of test_bf16_autocast_matches_grpo
             assert grpo["mixed_precision"] == rpg["mixed_precision"] == "bf16"
             moved = max_difference(grpo["params"], initial)
             assert_same_parameters(grpo, rpg, initial, f"DDP rank {rank}, {name}", atol=2.0 ** -8 * moved)

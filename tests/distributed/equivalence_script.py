@@ -8,7 +8,9 @@ Usage: `accelerate launch ... equivalence_script.py SPEC.json`. SPEC holds:
     result       prefix of the result files
     train_size   number of training prompts
     runs         list of {"name", "settings" (tests/_equivalence.py `base_settings` overrides), "rpg" (RPGConfig
-                 overrides of the reduction's settings), "eval_size" (optional: prompts of an eval set)}
+                 overrides of the reduction's settings), "eval_size" (optional: prompts of an eval set),
+                 "three_rewards" (optional: _equivalence.three_rewards instead of length_reward), "peft" (optional:
+                 LoRA, _equivalence.lora_config)}
 
 Each rank writes, per run and trainer (`grpo`, `rpg`), its trained parameters to
 `<result>.<run>.<trainer>.rank<R>.safetensors`, and `<result>.rank<R>.json` with each trainer's logged losses.
@@ -27,9 +29,11 @@ from _equivalence import (  # noqa: E402
     base_settings,
     config_pair,
     logged,
+    lora_config,
     make_trainer,
     parameters,
     prompts,
+    three_rewards,
 )
 from safetensors.torch import save_file  # noqa: E402
 
@@ -42,7 +46,11 @@ def run_pair(spec: dict, run: dict) -> tuple[dict, int]:
     result = {}
     for kind, trainer_cls, args in (("grpo", FixedGRPOTrainer, grpo_args), ("rpg", FixedRPGTrainer, rpg_args)):
         eval_dataset = prompts(run["eval_size"], offset=50) if run.get("eval_size") else None
-        trainer = make_trainer(trainer_cls, spec["model_dir"], args, prompts(spec["train_size"]), eval_dataset)
+        extra = {"reward": three_rewards()} if run.get("three_rewards") else {}
+        if run.get("peft"):
+            extra["peft_config"] = lora_config()
+        trainer = make_trainer(trainer_cls, spec["model_dir"], args, prompts(spec["train_size"]), eval_dataset,
+                               **extra)
         trainer.train()
         rank = trainer.accelerator.process_index
         save_file(parameters(trainer), f"{spec['result']}.{run['name']}.{kind}.rank{rank}.safetensors")
