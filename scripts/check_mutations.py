@@ -1,0 +1,153 @@
+"""Mutation check: each entry changes one line of the package the way a plausible bug would, runs the tests meant to
+catch it, and reports whether they fail (they must). The tree is restored from git after each mutation.
+
+    python scripts/check_mutations.py            # all mutations (about 5 minutes on 2 cores)
+    python scripts/check_mutations.py --list     # what is checked, and by which tests
+    python scripts/check_mutations.py -k ddp     # the mutations whose name contains "ddp"
+
+Needs a clean git tree for the files it mutates (it refuses otherwise) and the test extras (`pip install -e
+".[test]"`). Exit status 0 when every mutation is caught, 1 when one survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str  # relative to the repository root
+    old: str  # must occur exactly once in the file
+    new: str
+    tests: str  # pytest arguments
+
+
+MUTATIONS = [
+    Mutation("dapo normaliser without the accumulation factor", "trl_rpg/loss.py",
+             "normalizer = normalizer * how.accumulation_steps / how.steps_per_generation",
+             "normalizer = normalizer / how.steps_per_generation",
+             "tests/test_grpo_equivalence.py -k each_aggregation"),
+    Mutation("bnpo without the division by the accumulation steps", "trl_rpg/loss.py",
+             "        loss = masked.sum() / mask.sum().clamp(min=1.0)\n",
+             "        loss = masked.sum() / mask.sum().clamp(min=1.0) * how.accumulation_steps\n",
+             "tests/test_grpo_equivalence.py -k each_aggregation"),
+    Mutation("adaptive moving average with decay and 1 - decay swapped", "trl_rpg/reference.py",
+             "self.decay * self.average + (1 - self.decay) * step",
+             "(1 - self.decay) * self.average + self.decay * step",
+             "tests/test_adaptive_reference.py"),
+    Mutation("adaptive moving average updated every micro-batch", "trl_rpg/trainer.py",
+             "            if acc.sync_gradients:  # the last micro-batch of the optimizer step",
+             "            if True:",
+             "tests/test_adaptive_reference.py"),
+    Mutation("entropy bonus with the wrong sign", "trl_rpg/loss.py",
+             "    return -coef * entropy / accumulation_steps",
+             "    return coef * entropy / accumulation_steps",
+             "tests/test_grpo_equivalence.py -k entropy_bonus"),
+    Mutation("entropy mask ignored", "trl_rpg/trainer.py",
+             "            per_token_loss = per_token_loss * entropy_mask",
+             "            pass",
+             "tests/test_grpo_equivalence.py -k top_entropy_quantile_trains"),
+    Mutation("off-policy mask ignored", "trl_rpg/trainer.py",
+             "            per_token_loss = per_token_loss * self.get_off_policy_mask(",
+             "            per_token_loss = per_token_loss + 0 * self.get_off_policy_mask(",
+             "tests/test_grpo_equivalence.py -k off_policy_mask"),
+    Mutation("kl_ema not restored on resume", "trl_rpg/reference.py",
+             '            self.trigger.average = state["kl_ema"]',
+             "            pass",
+             "tests/test_adaptive_reference.py -k resume"),
+    Mutation("dual-clip boundary w >= c changed to w > c", "trl_rpg/objectives.py",
+             "dual = ~positive & (w >= c)",
+             "dual = ~positive & (w > c)",
+             "tests/test_rpg_clip.py"),
+    Mutation("log-ratio clamp removed", "trl_rpg/objectives.py",
+             "log_w = (logp_safe - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)",
+             "log_w = (logp_safe - logmu)",
+             "tests/test_objective_numerics.py"),
+    Mutation("vLLM importance-sampling ratio not applied", "trl_rpg/trainer.py",
+             '            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]',
+             "            pass",
+             "tests/test_grpo_equivalence.py -k vllm"),
+    Mutation("guard acts on fp16 overflow instead of leaving it to the gradient scaler", "trl_rpg/gradient_guard.py",
+             "    if deepspeed or has_scaler or grad_norm is None:",
+             "    if deepspeed or grad_norm is None:",
+             "tests/test_gradient_guard.py -k fp16"),
+    Mutation("guard acts under DeepSpeed (ddp)", "trl_rpg/gradient_guard.py",
+             "    if deepspeed or has_scaler or grad_norm is None:",
+             "    if has_scaler or grad_norm is None:",
+             "tests/test_distributed.py -k zero3_skips"),
+    Mutation("dr_grpo normaliser over all processes' rows (ddp)", "trl_rpg/loss.py",
+             "        loss = masked.sum() / (per_token_loss.size(0) * how.max_completion_length)",
+             "        loss = masked.sum() / (per_token_loss.size(0) * how.num_processes * how.max_completion_length)",
+             "tests/test_grpo_equivalence.py -k ddp"),
+    Mutation("dapo eval normaliser without the division by processes (ddp)", "trl_rpg/loss.py",
+             "        normalizer = num_items_in_batch.clamp(min=1.0) / how.num_processes\n",
+             "        normalizer = num_items_in_batch.clamp(min=1.0) / (how.num_processes if how.training else 1)\n",
+             "tests/test_grpo_equivalence.py -k ddp"),
+    Mutation("adaptive entropy controller fed one process's mean (ddp)", "trl_rpg/trainer.py",
+             '                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")',
+             "                totals = self._entropy_window_stats",
+             "tests/test_grpo_equivalence.py -k ddp"),
+    Mutation("main process checks every process's buffer (two nodes with local disks, ddp)", "trl_rpg/checkpoint.py",
+             "        selected = [name for name in files if name not in rank_files]",
+             "        selected = list(files)",
+             "tests/test_distributed.py -k two_nodes"),
+    Mutation("a run with no optimizer step exits 0", "trl_rpg/trainer.py",
+             "        if self.state.global_step == 0:",
+             "        if False:",
+             "tests/test_training_on_nothing.py"),
+]
+
+
+def run(mutation: Mutation) -> tuple[bool, str, float]:
+    """Apply `mutation`, run its tests, restore the file; returns (caught, first failing test, seconds)."""
+    path = ROOT / mutation.path
+    text = path.read_text()
+    if text.count(mutation.old) != 1:
+        raise SystemExit(f"{mutation.name}: the line to mutate occurs {text.count(mutation.old)} times in "
+                         f"{mutation.path} (expected once); update scripts/check_mutations.py.")
+    start = time.perf_counter()
+    try:
+        path.write_text(text.replace(mutation.old, mutation.new))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               *mutation.tests.split()], cwd=ROOT, capture_output=True, text=True)
+    finally:
+        path.write_text(text)
+    failed = next((line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
+    return proc.returncode != 0, failed, time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-k", default="", help="only the mutations whose name contains this text")
+    parser.add_argument("--list", action="store_true", help="list the mutations and their tests, run nothing")
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTATIONS if args.k in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}\n    {m.path}: {m.old.strip()!r} -> {m.new.strip()!r}\n    pytest {m.tests}")
+        return 0
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *{m.path for m in chosen}], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    if dirty:
+        raise SystemExit(f"check_mutations: commit or stash the changes to these files first:\n{dirty}")
+    survived = []
+    for m in chosen:
+        caught, failed, seconds = run(m)
+        print(f"{'caught  ' if caught else 'SURVIVED'} {m.name} ({seconds:.0f} s){': ' + failed if failed else ''}",
+              flush=True)
+        if not caught:
+            survived.append(m.name)
+    print(f"{len(chosen) - len(survived)} of {len(chosen)} mutations caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
