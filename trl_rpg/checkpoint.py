@@ -349,12 +349,14 @@ def resume_candidates(resume_from_checkpoint: str | bool, output_dir: str) -> li
 
 
 def verify_for_process(directory: str, rpg_reference: str, world_size: int, steps_per_generation: int, rank: int,
-                       main: bool) -> None:
+                       main: bool) -> dict[str, Any]:
     """This process's share of verifying a checkpoint before resuming: the main process checks every file the
-    manifest lists except the processes' buffers; every process checks the buffer files it will read."""
+    manifest lists except the processes' buffers; every process checks the buffer files it will read. Returns the
+    manifest."""
     manifest = verify_checkpoint(directory, rpg_reference, ranks=None if main else [])
     plan = plan_buffer_restore(manifest, world_size, steps_per_generation)
     verify_checkpoint(directory, rpg_reference, ranks=buffer_ranks_needed(plan, manifest, rank))
+    return manifest
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -286,8 +286,8 @@ class RPGTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         # Override: resume only from a verified, complete RPG checkpoint; a run with no step or no scored batch fails.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-            resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
-            step = checkpoint.read_manifest(resume_from_checkpoint)["global_step"]
+            resume_from_checkpoint, manifest = self._verified_checkpoint(resume_from_checkpoint)
+            step = manifest["global_step"]
             if 0 < self.args.max_steps <= step:
                 logger.warning("RPGTrainer: %s is already at step %d (max_steps=%d); transformers' Trainer still "
                                "takes one more optimizer step when it resumes a checkpoint (GRPOTrainer does too).",
@@ -305,22 +305,24 @@ class RPGTrainer(GRPOTrainer):
                 f"{getattr(self.train_dataset, 'column_names', None)}.")
         return output
 
-    def _verified_checkpoint(self, request) -> str:
-        """The checkpoint to resume from, verified by every process (`checkpoint.verify_for_process`). A given path
-        that fails is refused; with `True`, a checkpoint that fails is skipped for the previous one with a warning
-        (but a reference-schedule mismatch is refused). Every process raises the same error."""
+    def _verified_checkpoint(self, request) -> tuple[str, dict]:
+        """The checkpoint to resume from and its manifest, verified by every process
+        (`checkpoint.verify_for_process`). A given path that fails is refused; with `True`, a checkpoint that fails
+        is skipped for the previous one with a warning (but a reference-schedule mismatch is refused). Every process
+        raises the same error."""
         acc, args = self.accelerator, self.args
         candidates = checkpoint.resume_candidates(request, args.output_dir)
         for path in candidates:
             try:
-                checkpoint.verify_for_process(path, args.rpg_reference, acc.num_processes, args.steps_per_generation,
-                                              acc.process_index, main=acc.is_main_process)
+                manifest = checkpoint.verify_for_process(path, args.rpg_reference, acc.num_processes,
+                                                         args.steps_per_generation, acc.process_index,
+                                                         main=acc.is_main_process)
                 failure = None
             except checkpoint.CheckpointError as error:
                 failure = (isinstance(error, checkpoint.ScheduleMismatch), str(error))
             failures = [f for f in (gather_object([failure]) if acc.num_processes > 1 else [failure]) if f]
             if not failures:
-                return path
+                return path, manifest
             mismatch, message = failures[0]
             if request is not True or mismatch:
                 raise (checkpoint.ScheduleMismatch if mismatch else checkpoint.CheckpointError)(message)
