@@ -169,3 +169,25 @@ def test_trust_region_bounds_are_inclusive(divergence):
     assert g == 0.0 and stats["clip_frac_high"].item() == 1.0
     g, stats = _boundary_coefficient(-0.25, -1.0, divergence, dtype, **clip)
     assert g == 0.0 and stats["clip_frac_low"].item() == 1.0
+
+
+def test_dual_clip_bound_is_for_negative_effective_advantages_only():
+    """A' > 0 with c < w < 1 + eps_high (c = 1.2, w = 1.25 < 1.28): the dual-clip row is for A' < 0, so the token
+    keeps g = w * A (d loss / d logp = -1.25) and is not counted as dual-clipped."""
+    clip = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, dual_clip_c=1.2)
+    g, stats = coefficient(math.log(1.25), 1.0, "urkl", beta=0.0, **clip)
+    assert g == pytest.approx(1.25, abs=1e-12)
+    assert stats["clip_frac_dual"].item() == 0.0 and stats["clip_frac_high"].item() == 0.0
+    # the same w with A' < 0 is dual-clipped
+    g, stats = coefficient(math.log(1.25), -1.0, "urkl", beta=0.0, **clip)
+    assert g == 0.0 and stats["clip_frac_dual"].item() == 1.0
+
+
+def test_zero_advantage_token_is_not_counted_as_clipped():
+    """A = 0 and beta = 0 (A' = 0) with w = 1.5 above 1 + eps_high: g is 0 whatever the clip, so the token is in no
+    clip region (`clip_frac_high` 0); with A > 0 the same w is counted."""
+    g, stats = coefficient(math.log(1.5), 0.0, "urkl", beta=0.0, **CLIP)
+    assert g == 0.0
+    assert stats["clip_frac_high"].item() == 0.0 and stats["clip_frac_high_seq_max"].item() == 0.0
+    g, stats = coefficient(math.log(1.5), 1.0, "urkl", beta=0.0, **CLIP)
+    assert g == 0.0 and stats["clip_frac_high"].item() == 1.0
