@@ -87,7 +87,8 @@ METHODS: dict[str, dict] = {
              "scale_rewards": "group"},
 }
 # Not in the default set (--methods): the beta = 0 twin of RPG-REINFORCE-URKL, to see what its KL term does, and
-# GRPO with the k3 term as GRPO wrote it (not weighted by w: the forward-KL gradient off-policy, rpg-math.md 2.2).
+# GRPO with the k3 term as GRPO wrote it (not weighted by w: the forward-KL gradient
+# off-policy, docs/math.md section 2).
 METHODS["RPG-REINFORCE-URKL beta=0"] = {**METHODS["RPG-REINFORCE-URKL"], "kl": False, "beta": 0.0}
 METHODS["GRPO k3 unweighted"] = {**METHODS["GRPO"], "use_bias_correction_kl": False}
 DEFAULT_METHODS = ("RPG-REINFORCE-URKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-URKL std", "RPG-REINFORCE-UFKL std",
@@ -199,7 +200,7 @@ class DriftMixin:
 
     def _drift_kl_weight(self, log_w, logps, inputs):
         """|gradient weight| of the KL term per token, where it is known in closed form (else None): RPG-REINFORCE
-        with the sampler as reference (rpg-math.md section 2: C_KL of URKL = -beta w log w, of UFKL = beta (1 - w))
+        with the sampler as reference (docs/math.md section 2: C_KL of URKL = -beta w log w, of UFKL = beta (1 - w))
         and GRPO's k3 against the reference model (d/dlogp of beta k3, times w and plus beta w k3 when TRL's
         ``use_bias_correction_kl`` weights k3 by w)."""
         import torch

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from trl_rpg import rewards
+from trl_rpg.rewards import grading
 from trl_rpg.rewards import (
     ANSWER_COLUMNS,
     REWARD_FUNCS,
@@ -201,8 +201,8 @@ def test_is_equivalent_false(pred, gold):
 
 def test_is_equivalent_without_math_verify(monkeypatch):
     """If math-verify is missing, normalised strings / exact rationals still work; symbolic cases do not."""
-    monkeypatch.setattr(rewards, "_mv_module", None)
-    assert rewards._load_math_verify() is None
+    monkeypatch.setattr(grading, "_mv_module", None)
+    assert grading._load_math_verify() is None
     assert is_equivalent("045", "45")
     assert is_equivalent("0.5", "\\frac{1}{2}")
     assert is_equivalent("\\dfrac{1}{2}", "1/2")
@@ -393,7 +393,7 @@ def test_math_reward_answer_column():
 
 
 def test_reward_registry_names_and_builds():
-    assert {"math_reward", "soft_overlong_punishment", "toy_reward", "accuracy_reward", "reasoning_accuracy_reward",
+    assert {"math_reward", "soft_overlong_punishment", "accuracy_reward", "reasoning_accuracy_reward",
             "think_format_reward"} <= set(REWARD_FUNCS)
     assert get_reward_func("math_reward") is math_reward
     punish = get_reward_func("soft_overlong_punishment", max_completion_length=16, soft_punish_cache=4)
@@ -401,10 +401,6 @@ def test_reward_registry_names_and_builds():
     # a cache longer than the completion budget is capped to it
     capped = get_reward_func("soft_overlong_punishment", max_completion_length=8, soft_punish_cache=100)
     assert capped(completion_ids=[[1] * 4]) == [-0.5]
-    from trl_rpg.toy import toy_reward
-
-    assert get_reward_func("toy_reward") is toy_reward
-    assert reward_columns(toy_reward) == ("answer",)
     import trl.rewards
 
     assert get_reward_func("accuracy_reward") is trl.rewards.accuracy_reward
@@ -430,15 +426,27 @@ def test_register_reward_adds_a_named_builder():
         del REWARD_FUNCS["budget_reward"]
 
 
-def test_rewards_module_does_not_import_the_toy_task():
+def test_the_training_api_does_not_import_the_toy_task():
+    """The toy is not part of the training API: neither the rewards nor the trainer import it, and its `toy_reward`
+    is a name of the command line (`trl_rpg.cli` registers it, lazily: the toy is imported when it is built)."""
     import subprocess
     import sys
 
-    code = ("import sys, trl_rpg.rewards as r; assert 'toy_reward' in r.REWARD_FUNCS; "
+    code = ("import sys, trl_rpg.rewards as r, trl_rpg.trainer, trl_rpg.evaluation; "
+            "assert 'toy_reward' not in r.REWARD_FUNCS, sorted(r.REWARD_FUNCS); "
+            "import trl_rpg.cli; assert 'toy_reward' in r.REWARD_FUNCS; "
             "print('trl_rpg.toy' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_command_line_names_the_toy_reward():
+    from trl_rpg import cli  # noqa: F401  (registers `toy_reward`)
+    from trl_rpg.toy import toy_reward
+
+    assert get_reward_func("toy_reward") is toy_reward
+    assert reward_columns(toy_reward) == ("answer",)
 
 
 def test_check_reward_columns_names_looked_for_and_present_columns():

@@ -1,21 +1,19 @@
-"""Rule-based math rewards for RPG training and benchmark evaluation, and the reward functions selectable by name.
+"""Grading an answer: extract the final answer of a completion, normalise it, and compare it with a reference.
 
 The prompts used in the RPG paper (DAPO-Math format) ask the model to finish its response with a line of the form
-``Answer: $Answer``.  This module extracts that final answer, compares it with a reference answer and exposes the
-result as a TRL reward function:
+``Answer: $Answer``.  This module is the one scoring rule shared by the training reward
+(:func:`trl_rpg.rewards.math_reward`) and the benchmark evaluation (:mod:`trl_rpg.evaluation`):
 
 * :func:`extract_answer` -- the last answer a completion commits to (an ``Answer:`` line or a ``\\boxed{}``).
 * :func:`normalize_answer` -- canonical string used for exact comparison.
 * :func:`is_equivalent` -- ``math-verify`` equivalence (if installed) OR normalised-string / exact-number equality.
+* :func:`completion_to_text` -- the text of a completion (a string or a conversational message list).
 * :func:`reference_answer` -- a row's reference answer (:data:`ANSWER_COLUMNS`: ``ground_truth``,
   ``reward_model.ground_truth``, ``answer``).
-* :func:`score_completion` / :func:`score_answer` -- the scoring rule shared by training and evaluation.
-* :func:`math_reward` -- TRL reward function, ``1.0`` if correct, ``0.0`` if not, ``None`` if the row has no reference.
-* :func:`make_overlong_punishment` -- DAPO soft overlong punishment, re-exported from TRL.
-* :data:`REWARD_FUNCS` / :func:`register_reward` / :func:`get_reward_func` -- reward functions by name.
-* :func:`check_reward_columns` -- fail early when a data set lacks the columns the reward functions read.
+* :func:`score_completion` / :func:`score_answer` -- the score of a completion / of an extracted answer.
 
-The module does not import torch.  ``math-verify`` is optional and imported lazily on first use.
+The module does not import torch.  ``math-verify`` is optional and imported lazily on first use, with a timeout
+(:data:`MATH_VERIFY_TIMEOUT_S`) in the main thread.
 """
 
 from __future__ import annotations
@@ -24,28 +22,20 @@ import functools
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from typing import Any
 
 __all__ = [
     "ANSWER_COLUMNS",
-    "REWARD_FUNCS",
-    "RewardEntry",
-    "check_reward_columns",
+    "MATH_VERIFY_TIMEOUT_S",
+    "MAX_SYMBOLIC_ANSWER_CHARS",
     "completion_to_text",
     "extract_answer",
-    "get_reward_func",
     "is_equivalent",
-    "make_overlong_punishment",
-    "math_reward",
     "normalize_answer",
     "reference_answer",
-    "register_reward",
-    "reward_columns",
-    "reward_func_name",
     "score_answer",
     "score_completion",
 ]
@@ -464,9 +454,8 @@ def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool =
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# TRL reward functions
+# Completions, reference answers and scoring (shared by math_reward and trl_rpg.evaluation)
 # ---------------------------------------------------------------------------------------------------------------------
-
 
 def completion_to_text(completion: Any) -> str:
     """Text of a completion given as a string or as a conversational list of messages.
@@ -501,9 +490,6 @@ def completion_to_text(completion: Any) -> str:
     return "".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Reference answers and scoring (shared by math_reward and trl_rpg.evaluation)
-# ---------------------------------------------------------------------------------------------------------------------
 
 #: The dataset columns that hold a row's reference answer, in the order they are read: a ``ground_truth`` string (or
 #: list of acceptable answers), a verl/DAPO ``reward_model`` dict with a ``"ground_truth"`` key, a plain ``answer``.
@@ -551,232 +537,3 @@ def score_completion(completion: Any, reference: Any) -> float | None:
     :func:`score_answer`.  This is the rule of both the training reward :func:`math_reward` and the benchmark
     evaluation (:mod:`trl_rpg.evaluation`)."""
     return score_answer(extract_answer(completion_to_text(completion)), reference)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# TRL reward functions
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _column(values: Sequence[Any] | None, n: int, name: str) -> list[Any]:
-    if values is None:
-        return [None] * n
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"`{name}` has {len(values)} entries but there are {n} completions.")
-    return values
-
-
-def math_reward(
-    completions: Sequence[Any],
-    ground_truth: Sequence[Any] | None = None,
-    reward_model: Sequence[Mapping[str, Any] | None] | None = None,
-    answer: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> list[float | None]:
-    """TRL reward function: 1.0 if the completion's final answer matches the reference, else 0.0.
-
-    The reference of each row is :func:`reference_answer`: the ``ground_truth`` column, else ``reward_model``'s
-    ``"ground_truth"``, else ``answer``; the completion is scored by :func:`score_completion`.
-
-    Args:
-        completions: completions as strings, or as conversational message lists (``[{"role": "assistant",
-            "content": ...}]``).
-        ground_truth: dataset column with the reference answer of each row (a string; a list of strings means "any
-            of these").
-        reward_model: dataset column in the verl/DAPO parquet format: dicts with a ``"ground_truth"`` key.
-        answer: a plain answer column (as in ``problem``/``answer`` data sets).
-        **kwargs: other dataset columns and trainer-provided arguments (``prompts``, ``completion_ids``,
-            ``log_extra``, ...).  If the trainer passes a ``log_extra`` callable, the extracted answers and the
-            references are logged to the completions table.
-
-    Returns:
-        One value per completion: ``1.0`` (correct), ``0.0`` (wrong or no extractable answer), or ``None`` when the
-        row has no reference answer (TRL treats ``None`` as "not scored by this function").
-    """
-    n = len(completions)
-    columns = {name: _column(values, n, name) for name, values in
-               (("ground_truth", ground_truth), ("reward_model", reward_model), ("answer", answer))}
-    rewards: list[float | None] = []
-    extracted: list[str] = []
-    references: list[str] = []
-    for index, completion in enumerate(completions):
-        reference = reference_answer({name: values[index] for name, values in columns.items()})
-        prediction = extract_answer(completion_to_text(completion))
-        rewards.append(score_answer(prediction, reference))
-        extracted.append("" if prediction is None else prediction)
-        references.append(" | ".join(_reference_values(reference)))
-    log_extra = kwargs.get("log_extra")
-    if callable(log_extra):
-        try:
-            log_extra("extracted_answer", extracted)
-            log_extra("ground_truth", references)
-        except Exception:  # logging must never break training
-            logger.debug("log_extra failed", exc_info=True)
-    return rewards
-
-
-math_reward.__name__ = "math_reward"
-math_reward.__qualname__ = "math_reward"
-#: The dataset columns math_reward reads (any one of them): see :func:`check_reward_columns`.
-math_reward.required_columns = ANSWER_COLUMNS
-
-
-def make_overlong_punishment(max_completion_length: int, soft_punish_cache: int) -> Callable[..., list[float]]:
-    """DAPO soft overlong punishment (Eq. 13 of the DAPO paper), as implemented by TRL.
-
-    Returns TRL's ``trl.rewards.get_soft_overlong_punishment(max_completion_length, soft_punish_cache)``: a picklable
-    reward function of ``completion_ids`` giving ``0`` for completions of at most ``max_completion_length -
-    soft_punish_cache`` tokens, a linear penalty down to ``-1`` up to ``max_completion_length`` tokens, and ``-1``
-    beyond.  Its ``__name__`` is ``"soft_overlong_punishment_reward"``.
-    """
-    if max_completion_length <= 0:
-        raise ValueError(f"max_completion_length must be positive, got {max_completion_length}.")
-    if not 0 <= soft_punish_cache <= max_completion_length:
-        raise ValueError(
-            f"soft_punish_cache must be in [0, max_completion_length={max_completion_length}], "
-            f"got {soft_punish_cache}."
-        )
-    from trl.rewards import get_soft_overlong_punishment  # lazy: trl imports torch
-
-    return get_soft_overlong_punishment(max_completion_len=max_completion_length, soft_punish_cache=soft_punish_cache)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Reward functions by name (the `--reward_funcs` of `trl-rpg train`)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RewardEntry:
-    """A reward function selectable by name: ``build(**settings)`` returns the callable.
-
-    ``settings`` are the run's ``max_completion_length`` and ``soft_punish_cache`` (a builder takes what it needs);
-    ``columns`` are the dataset columns the function reads (any one of them; empty: none).
-    """
-
-    name: str
-    build: Callable[..., Callable]
-    columns: tuple[str, ...] = ()
-    help: str = ""
-
-
-#: Registry of reward functions by name: name -> :class:`RewardEntry` (filled by :func:`register_reward`).
-REWARD_FUNCS: dict[str, RewardEntry] = {}
-
-
-def register_reward(name: str, *, columns: Sequence[str] = (), help: str = ""):
-    """Decorator registering a reward-function builder under ``name`` (the style of
-    :func:`trl_rpg.objectives.register_objective`).  The builder is called with the run's settings as keyword
-    arguments and returns the reward callable."""
-
-    def decorator(build):
-        REWARD_FUNCS[name] = RewardEntry(name=name, build=build, columns=tuple(columns), help=help)
-        return build
-
-    return decorator
-
-
-def get_reward_func(name: str, **settings: Any) -> Callable:
-    """The reward function registered as ``name``, built with ``settings`` (``max_completion_length``,
-    ``soft_punish_cache``), with its dataset columns declared (:func:`check_reward_columns` reads them).  Raises
-    ``ValueError`` naming the registered names (and the closest one) for an unknown name."""
-    entry = REWARD_FUNCS.get(name)
-    if entry is None:
-        import difflib
-
-        close = difflib.get_close_matches(name, list(REWARD_FUNCS), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"Unknown reward function {name!r}: use one of {list(REWARD_FUNCS)} or a dotted import path "
-                         f"such as 'my_lib.rewards.custom_reward'.{hint}")
-    func = entry.build(**settings)
-    if entry.columns and reward_columns(func) == ():
-        func.required_columns = entry.columns
-    return func
-
-
-@register_reward("math_reward", columns=ANSWER_COLUMNS,
-                 help="the paper's reward: 1 if the final answer (`Answer:` line or \\boxed{}) matches the reference "
-                      "(math-verify, else normalised string); reads `ground_truth`, `reward_model.ground_truth` or "
-                      "`answer` (the default)")
-def _build_math_reward(**settings: Any) -> Callable:
-    return math_reward
-
-
-@register_reward("soft_overlong_punishment",
-                 help="DAPO's soft overlong punishment (uses max_completion_length and soft_punish_cache)")
-def _build_soft_overlong_punishment(*, max_completion_length: int, soft_punish_cache: int, **settings: Any):
-    return make_overlong_punishment(max_completion_length, min(soft_punish_cache, max_completion_length))
-
-
-@register_reward("toy_reward", columns=("answer",), help="the bundled toy arithmetic task (reads `answer`)")
-def _build_toy_reward(**settings: Any) -> Callable:
-    from .toy import toy_reward  # lazy: the toy task is not part of the library
-
-    return toy_reward
-
-
-def _register_trl_reward(name: str, columns: tuple[str, ...], help: str) -> None:
-    def build(**settings: Any) -> Callable:
-        import trl.rewards  # lazy: trl imports torch
-
-        return getattr(trl.rewards, name)
-
-    register_reward(name, columns=columns, help=help)(build)
-
-
-_register_trl_reward("accuracy_reward", ("solution",), "TRL's math-verify accuracy (reads `solution`)")
-_register_trl_reward("reasoning_accuracy_reward", ("solution",),
-                     "TRL's accuracy after the reasoning block (reads `solution`)")
-_register_trl_reward("think_format_reward", (), "TRL's <think>...</think> format reward")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Dataset columns the reward functions read
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def reward_columns(func: Any) -> tuple[str, ...]:
-    """The dataset columns a reward function declares it reads (its ``required_columns`` attribute; it needs any one
-    of them), or ``()`` when it declares none (then it is not checked)."""
-    declared = getattr(func, "required_columns", None)
-    if declared is None:
-        return ()
-    return (declared,) if isinstance(declared, str) else tuple(declared)
-
-
-def reward_func_name(func: Any) -> str:
-    """A readable name of a reward function (a function, a ``functools.partial``, a callable object, a model id)."""
-    if isinstance(func, str):
-        return func
-    inner = getattr(func, "func", func)  # functools.partial
-    return getattr(inner, "__name__", None) or type(inner).__name__
-
-
-def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) -> None:
-    """Check that a data set has the columns the reward functions read, before any model is loaded.
-
-    Args:
-        reward_funcs: a reward function or a list of them (any callables, model ids or modules; only those that
-            declare ``required_columns`` are checked, see :func:`reward_columns`).
-        column_names: the data set's columns (``dataset.column_names``); ``None`` (e.g. a streamed data set whose
-            columns are unknown) skips the check.
-
-    Raises:
-        ValueError: naming, for each reward function that finds none of its columns, the columns it looks for, and
-            the columns the data set has.
-    """
-    if column_names is None:
-        return
-    funcs = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str) else list(reward_funcs or [])
-    present = list(column_names)
-    missing = []
-    for func in funcs:
-        needed = reward_columns(func)
-        if needed and not any(column in present for column in needed):
-            looked_for = f"the column {needed[0]!r}" if len(needed) == 1 else f"one of the columns {list(needed)}"
-            missing.append(f"reward function {reward_func_name(func)!r} reads {looked_for}")
-    if missing:
-        raise ValueError(f"The data set lacks the columns its reward functions read: {'; '.join(missing)}; the data "
-                         f"set has the columns {present}. Rename or add a column, or choose reward functions that "
-                         "read the columns you have.")
