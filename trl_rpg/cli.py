@@ -17,12 +17,9 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import inspect
 import os
-import signal
 import subprocess
 import sys
-import threading
 import textwrap
 import warnings
 from dataclasses import dataclass, field
@@ -43,17 +40,6 @@ USAGE_ERROR = 2
 
 #: Environment variable through which `trl-rpg train` tells the processes it launches its command name.
 _PROG_ENV = "TRL_RPG_PROG"
-#: Environment variable through which `trl-rpg train` tells the processes it launches its own process id: each of them
-#: ends when that process ends, by any signal (`stop_with_launcher`).
-_LAUNCHER_PID_ENV = "TRL_RPG_LAUNCHER_PID"
-#: Set by `trl-rpg train` beside `PYTHONSAFEPATH=1`, so that the training process takes the variable out again (the
-#: processes it starts in turn, such as a reward function's scripts, get the ordinary `sys.path`).
-_SAFE_PATH_ENV = "TRL_RPG_SET_SAFE_PATH"
-
-#: `--resume_from_checkpoint` values that mean "the newest complete checkpoint of output_dir" (TRL's and
-#: transformers' users' habits), and those that mean "do not resume".
-RESUME_LATEST = ("true", "last", "latest")
-RESUME_NEVER = ("false", "none", "")
 
 
 @register_reward("toy_reward", columns=("answer",), help="the bundled toy arithmetic task (reads `answer`)")
@@ -152,55 +138,21 @@ def _is_import_path(name: str) -> bool:
 
 def check_reward_names(names) -> None:
     """Refuse reward-function names that are neither registered (`trl_rpg.rewards.REWARD_FUNCS`) nor dotted import
-    paths to a reward function (`check_reward_callable`), before anything is launched. A dotted path is imported
-    here (the training process imports it again)."""
+    paths, without building or importing anything."""
     for name in names or DEFAULT_REWARD_FUNCS:
-        if _is_import_path(name):
-            _import_reward_func(name)
-        elif name not in REWARD_FUNCS:
+        if not _is_import_path(name) and name not in REWARD_FUNCS:
             get_reward_func(name)  # raises the ValueError naming the registered functions and the closest one
 
 
-#: Keyword arguments TRL passes to every reward function (besides the data set's columns).
-REWARD_KEYWORDS = ("prompts", "completions", "completion_ids")
-
-
-def check_reward_callable(path: str, func) -> None:
-    """Refuse what `--reward_funcs path` resolved to unless it is a function TRL can call as a reward function:
-    `func(prompts=..., completions=..., completion_ids=..., **columns)`, so it must take keyword arguments and accept
-    any (`**kwargs`), as TRL's reward functions do. `os.system`, `builtins.eval` or a class are refused."""
-    def refuse(why: str):
-        raise ValueError(f"--reward_funcs {path!r}: {why}. A reward function takes keyword arguments "
-                         "`prompts`, `completions`, `completion_ids` and the data set's columns, and returns one "
-                         "float (or None) per completion: `def my_reward(completions, **kwargs)`.")
-
-    if inspect.isclass(func) or not callable(func):
-        refuse(f"is {'a class' if inspect.isclass(func) else f'not callable (a {type(func).__name__})'}")
-    try:
-        signature = inspect.signature(func)
-    except (TypeError, ValueError):
-        refuse("is a callable whose arguments cannot be inspected (a built-in), not a reward function")
-    parameters = list(signature.parameters.values())
-    positional_only = [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
-    if positional_only:
-        refuse(f"takes positional-only arguments ({', '.join(positional_only)}), not a reward function's keywords")
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-        refuse(f"does not accept **kwargs (its arguments: {signature})")
-
-
 def _import_reward_func(path: str):
-    """Import `module.function`; the working directory is searched after the installed packages (appended to
-    `sys.path`, never first: a file such as `peft.py` there must not replace a dependency)."""
     module_path, func_name = path.rsplit(".", 1)
     if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+        sys.path.insert(0, os.getcwd())
     try:
-        func = getattr(importlib.import_module(module_path), func_name)
+        return getattr(importlib.import_module(module_path), func_name)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"--reward_funcs {path!r}: cannot import {func_name!r} from {module_path!r} ({error}).") \
             from error
-    check_reward_callable(path, func)
-    return func
 
 
 def check_local_data_columns(script_args, max_completion_length: int) -> None:
