@@ -6,8 +6,9 @@ dual clip an RPG run trains exactly as a GRPO run (tests/test_grpo_equivalence.p
 
 - `sequence_level_logps`: GSPO-style ratios (`importance_sampling_level="sequence"`);
 - `aggregate`: the `loss_type` aggregations and their gradient-accumulation normalisation;
-- `entropy_bonus` and `next_entropy_coef`: TRL's static and adaptive entropy bonus;
-- `MetricSums` / `metrics`: what is logged, under `rpg/` and under TRL's own names.
+- `entropy_bonus`, `applied_entropy_coef`, `entropy_window`, `window_entropy`, `next_entropy_coef`: TRL's static
+  and adaptive entropy bonus, whose state stays in TRL's trainer attributes (TRL checkpoints it);
+- `metric_sums` / `metrics` / `reduced_metrics`: what is logged, under `rpg/` and under TRL's own names.
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def next_entropy_coef(coef: float, world_entropy: float, target: float, delta: f
     return max(coef - delta, lowest)
 
 
+def applied_entropy_coef(coef: float, adaptive: bool, last_world_entropy: float, target: float) -> float:
+    """The coefficient every micro-batch of an optimizer step applies: TRL's adaptive controller gates the bonus
+    off while the entropy of the previous optimizer step is above `target`."""
+    return 0.0 if adaptive and last_world_entropy > target else coef
+
+
+def entropy_window(window: torch.Tensor | None, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The controller's running `[entropy sum, token count]` of the optimizer step, with one micro-batch added."""
+    stats = torch.stack([(entropies * mask).sum(), mask.sum()]).detach()
+    return stats if window is None else window + stats
+
+
+def window_entropy(totals: torch.Tensor) -> float:
+    """The token-weighted mean entropy of a window summed over processes (what the controller compares)."""
+    return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------------------------
@@ -145,6 +163,24 @@ def metrics(totals: torch.Tensor, extrema: dict[str, float], log_kl: bool) -> di
     return out
 
 
+def reduced_metrics(stats: dict[str, torch.Tensor], entropies: torch.Tensor, mask: torch.Tensor,
+                    policy_loss: torch.Tensor, reduce_sum, gather, num_processes: int,
+                    log_kl: bool) -> tuple[dict[str, float], float, float]:
+    """One micro-batch's logged values over all processes, with one collective sum (`reduce_sum`) and one gather.
+
+    Returns `(values, divergence_sum, tokens)`: `metrics` plus `policy_loss` (the mean over processes of the
+    per-process policy loss, as TRL logs it), and the process-summed divergence and valid-token count that feed the
+    adaptive reference trigger.
+    """
+    local = torch.cat([metric_sums(stats, entropies, mask), policy_loss.detach().float().reshape(1)])
+    totals = reduce_sum(local)
+    local_extrema = extremum_stats(stats)
+    extrema = combine_extrema(gather(local_extrema.unsqueeze(0)).reshape(-1, local_extrema.numel()))
+    values = metrics(totals[:-1], extrema, log_kl=log_kl)
+    values["policy_loss"] = float(totals[-1]) / num_processes
+    return values, float(totals[0]), float(totals[len(_WEIGHTED)])
+
+
 def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     """max (or min) of `values` ignoring NaN; NaN when all are NaN (as TRL's nanmax/nanmin)."""
     values = values[~torch.isnan(values)]
@@ -153,5 +189,6 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-__all__ = ["EXTREMA", "Aggregation", "aggregate", "combine_extrema", "entropy_bonus", "extremum_stats", "metric_sums",
-           "metrics", "nan_extremum", "next_entropy_coef", "sequence_level_logps"]
+__all__ = ["EXTREMA", "Aggregation", "aggregate", "applied_entropy_coef", "combine_extrema", "entropy_bonus",
+           "entropy_window", "extremum_stats", "metric_sums", "metrics", "nan_extremum", "next_entropy_coef",
+           "reduced_metrics", "sequence_level_logps", "window_entropy"]

@@ -99,7 +99,9 @@ DIVERGENCES = tuple(_BY_NAME)
 class ObjectiveInputs:
     """Per-token quantities handed to an estimator body. All tensors are (B, T) in the compute dtype.
 
-    ``logp``, ``log_w`` and ``w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are constants.
+    ``logp``, ``log_w``, ``w`` and ``reward_w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are constants.
+    ``w`` is the per-token ratio the KL term uses; ``reward_w`` the ratio that weighs the reward term and that the
+    clip tests (``w`` itself at token level, the sequence's ratio under GSPO: docs/math.md section 4b).
     ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with ``dual_clip_c`` possibly None.
     """
 
@@ -111,6 +113,7 @@ class ObjectiveInputs:
     adv: Tensor
     beta: float
     clip: tuple[float, float, float | None] | None
+    reward_w: Tensor
 
     @property
     def log_r(self) -> Tensor:
@@ -142,10 +145,12 @@ def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict 
     KL part ``C_bar`` uses the clipped ratio ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)`` (Remark F.2), the branch
     is on the sign of the effective advantage ``A' = A + C_bar / w``, and tokens outside the trust region get
     ``g = 0``: ``A' >= 0, w >= 1 + eps_high``; ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``.
+    Under GSPO the reward part and the trust-region test use the sequence ratio ``s`` (``reward_w``): ``g = s * A +
+    C_bar`` and ``A' = A + C_bar / s``; ``C_bar`` stays per token (docs/math.md section 4b).
     """
-    w = x.w.detach()
+    w = x.reward_w.detach()
     if x.clip is None:
-        g = w * x.adv + x.beta * divergence.kl_weight(w, x.log_r.detach(), x.rho)
+        g = w * x.adv + x.beta * divergence.kl_weight(x.w.detach(), x.log_r.detach(), x.rho)
         return -g * x.logp, None
 
     eps_low, eps_high, c = x.clip
@@ -166,16 +171,17 @@ def differentiable(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, 
     """Fully differentiable surrogate ``-w * A + beta * D_hat(w, log r)`` (Table 4, Appendix F).
 
     With clip (Algorithm 1, the paper's "RPG" runs): dual-clip PPO on the reward term, ``max(-w A, -clip(w) A)``
-    and for ``A < 0`` additionally ``min(., -c A)``; the KL term stays unclipped.
+    and for ``A < 0`` additionally ``min(., -c A)``; the KL term stays unclipped. The reward term's ratio is
+    ``reward_w`` (the sequence ratio under GSPO); the KL term always uses the per-token ``w``.
     """
     kl = x.beta * divergence.value(x.w, x.log_r, x.rho)
     if x.clip is None:
-        return -x.w * x.adv + kl, None
+        return -x.reward_w * x.adv + kl, None
 
     eps_low, eps_high, c = x.clip
-    w_clipped = torch.clamp(x.w, min=1.0 - eps_low, max=1.0 + eps_high)
-    pg = torch.maximum(-x.w * x.adv, -w_clipped * x.adv)
-    w = x.w.detach()
+    w_clipped = torch.clamp(x.reward_w, min=1.0 - eps_low, max=1.0 + eps_high)
+    pg = torch.maximum(-x.reward_w * x.adv, -w_clipped * x.adv)
+    w = x.reward_w.detach()
     negative = x.adv < 0
     if c is not None:
         pg = torch.where(negative, torch.minimum(pg, -c * x.adv), pg)
@@ -308,6 +314,7 @@ def rpg_per_token_loss(
     mask: torch.Tensor,
     *,
     ref_logps: torch.Tensor | None = None,
+    reward_logps: torch.Tensor | None = None,
     divergence: str = "urkl",
     estimator: str = "reinforce",
     beta: float = 1e-4,
@@ -320,9 +327,13 @@ def rpg_per_token_loss(
     Args:
         logps: (B, T) log-probs of the current policy; carries the gradient.
         sampling_logps: (B, T) log-probs of the policy that sampled the batch (treated as constants).
-        advantages: (B,), (B, 1) or (B, T) baselined advantages A.
+        advantages: (B,), (B, 1) or (B, T) baselined advantages A. A token that carries no reward signal (TRL's
+            entropy and off-policy masks) has A = 0: it still carries the KL term (docs/math.md section 4b).
         mask: (B, T) floating-point mask, used as an indicator: tokens where it is 0 get loss exactly 0.
         ref_logps: (B, T) reference log-probs; None means the reference is the sampling policy (rho = 1).
+        reward_logps: (B, T) log-probs whose ratio to the sampler weighs the reward term and is tested by the clip;
+            carries the gradient. None: ``logps`` (token level). GSPO passes the sequence-level log-probs
+            (``loss.sequence_level_logps``); the KL term always uses ``logps`` (docs/math.md section 4b).
         divergence: "fkl" | "rkl" | "ufkl" | "urkl" (docs/math.md section 2).
         estimator: "reinforce" (stop-gradient surrogate) | "differentiable" (gradient through w).
         beta: KL coefficient, >= 0.
@@ -343,6 +354,8 @@ def rpg_per_token_loss(
     """
     _validate(logps, sampling_logps, advantages, mask, ref_logps, divergence, estimator, beta, epsilon_low,
               epsilon_high, dual_clip_c)
+    if reward_logps is not None:
+        _check_tensor("reward_logps", reward_logps, logps.shape)
     clip = None
     if epsilon_low is not None:
         clip = (float(epsilon_low), float(epsilon_high if epsilon_high is not None else epsilon_low), dual_clip_c)
@@ -359,7 +372,10 @@ def rpg_per_token_loss(
     # Tokens whose sampler/reference log-prob or advantage is not finite are excluded (and counted): their inputs
     # are replaced by harmless values *before* any arithmetic, so no NaN reaches the loss or the gradient.
     in_mask = mask.detach() != 0
+    reward_logp = logp if reward_logps is None else reward_logps.to(dtype)
     finite = torch.isfinite(logmu) & torch.isfinite(adv) & torch.isfinite(logp.detach())
+    if reward_logps is not None:
+        finite &= torch.isfinite(reward_logp.detach())
     if logref is not None:
         finite &= torch.isfinite(logref)
     valid = in_mask & finite
@@ -369,13 +385,18 @@ def rpg_per_token_loss(
     adv = torch.where(valid, adv, zeros)
 
     log_w = (logp_safe - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    w = log_w.exp()
+    if reward_logps is None:
+        reward_w = w
+    else:
+        reward_w = (torch.where(valid, reward_logp, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     if logref is None:
         log_rho = zeros
     else:
         log_rho = (torch.where(valid, logref, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     inputs = ObjectiveInputs(
-        logp=logp_safe, log_w=log_w, w=log_w.exp(), log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
-        clip=clip,
+        logp=logp_safe, log_w=log_w, w=w, log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
+        clip=clip, reward_w=reward_w,
     )
     loss, regions = OBJECTIVES[(divergence, estimator)](inputs)
     per_token_loss = torch.where(valid, loss, zeros)
@@ -384,9 +405,10 @@ def rpg_per_token_loss(
         n_valid = valid.sum()
         denom = n_valid.clamp(min=1).to(dtype)
         validf = valid.to(dtype)
-        w = inputs.w.detach()
+        w = inputs.reward_w.detach()  # the ratio the clip tests
+        divergence_estimate = divergence_value(divergence, inputs.w.detach(), inputs.log_r.detach(), inputs.rho)
         stats = {
-            "divergence": (divergence_value(divergence, w, inputs.log_r.detach(), inputs.rho) * validf).sum() / denom,
+            "divergence": (divergence_estimate * validf).sum() / denom,
             "w_mean": (w * validf).sum() / denom,
             "w_max": torch.where(valid, w, zeros).amax() if w.numel() else zeros.sum(),
             **_ratio_quantiles(w, valid),

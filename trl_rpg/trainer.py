@@ -26,13 +26,13 @@ from .config import RPGConfig, as_rpg_config
 from .loss import (
     Aggregation,
     aggregate,
-    combine_extrema,
+    applied_entropy_coef,
     entropy_bonus,
-    extremum_stats,
-    metric_sums,
-    metrics,
+    entropy_window,
     next_entropy_coef,
+    reduced_metrics,
     sequence_level_logps,
+    window_entropy,
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy
@@ -170,92 +170,89 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _compute_loss(self, model, inputs):
-        # Override: RPG's per-token loss replaces GRPO's clipped ratio + k3 penalty; masks and aggregation are GRPO's.
-        args = self.args
+        # Override: RPG's per-token loss replaces GRPO's clipped ratio + k3 penalty; TRL's masks gate the reward term
+        # only (they zero the advantage; the KL term acts on every token: docs/math.md section 4b).
+        args, acc = self.args, self.accelerator
         mode = "train" if self.model.training else "eval"
         completion_ids = inputs["completion_ids"]
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs[
-            "tool_mask"]
+        mask = inputs["completion_mask"] * inputs["tool_mask"] if "tool_mask" in inputs else inputs["completion_mask"]
         mask = mask.float()
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled, **{k: inputs.get(k) for k in _compat.MULTIMODAL_KEYS})
-        entropy_mask = (self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-                        if self.top_entropy_quantile < 1.0 else None)
-
+            model, torch.cat([inputs["prompt_ids"], completion_ids], dim=1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1), completion_ids.size(1),
+            compute_entropy=True, compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _compat.MULTIMODAL_KEYS})
         # No stored sampler log-probs: the batch is on-policy (one optimizer step per generation), mu = pi_theta.
         old = inputs.get("old_per_token_logps")
         sampling_logps = per_token_logps.detach() if old is None else old
-        ref_logps = self.reference.logps(inputs, completion_ids.size(1)) if self.trl_computes_reference_logps else None
-        logps = (sequence_level_logps(per_token_logps, sampling_logps, mask)
-                 if self.importance_sampling_level == "sequence" else per_token_logps)
+        advantages, entropy_mask = self._reward_signal(inputs, per_token_logps, sampling_logps, entropies, mask)
         per_token_loss, stats = rpg_per_token_loss(
-            logps, sampling_logps, inputs["advantages"], mask, ref_logps=ref_logps, divergence=args.rpg_divergence,
-            estimator=args.rpg_estimator, beta=args.beta, epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high, dual_clip_c=args.rpg_dual_clip_c)
-
-        if self.off_policy_mask_threshold is not None:
-            advantages = inputs["advantages"]
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
-                advantages=advantages.unsqueeze(1) if advantages.dim() == 1 else advantages,
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", sampling_logps), mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold)
-        if entropy_mask is not None:
-            per_token_loss = per_token_loss * entropy_mask
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_logps, sampling_logps, advantages, mask,
+            ref_logps=self.reference.logps(inputs, completion_ids.size(1)) if self.trl_computes_reference_logps
+            else None,
+            reward_logps=sequence_level_logps(per_token_logps, sampling_logps, mask)
+            if self.importance_sampling_level == "sequence" else None,
+            divergence=args.rpg_divergence, estimator=args.rpg_estimator, beta=args.beta,
+            epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, dual_clip_c=args.rpg_dual_clip_c)
+        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old: weighs every term (sec. 4b)
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         loss, policy_loss = aggregate(per_token_loss, mask, Aggregation(
-            self.loss_type, accumulation, args.steps_per_generation, self.accelerator.num_processes,
-            self.max_completion_length, mode == "train"), inputs.get("num_items_in_batch"))
+            self.loss_type, accumulation, args.steps_per_generation, acc.num_processes, self.max_completion_length,
+            mode == "train"), inputs.get("num_items_in_batch"))
         if self._entropy_bonus_enabled:
             loss = loss + self._entropy_term(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+            self._metrics[mode]["aux_loss"].append(acc.gather_for_metrics(aux_loss).mean().item())
         self._log_loss_metrics(stats, entropies, mask, policy_loss, mode)
         return loss
 
+    def _reward_signal(self, inputs, per_token_logps, sampling_logps, entropies, mask):
+        """The (B, T) advantages with TRL's off-policy and high-entropy masks applied (a masked token has A = 0),
+        and the entropy mask (for TRL's entropy bonus; None when `top_entropy_quantile` is 1)."""
+        advantages = inputs["advantages"]
+        advantages = (advantages.unsqueeze(1) if advantages.dim() == 1 else advantages).expand_as(mask)
+        if self.off_policy_mask_threshold is not None:
+            advantages = advantages * self.get_off_policy_mask(
+                advantages=advantages[:, :1] if inputs["advantages"].dim() == 1 else advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", sampling_logps), mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold)
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            advantages = advantages * entropy_mask
+        return advantages, entropy_mask
+
     def _entropy_term(self, entropies, mask, mode):
         """TRL's entropy bonus (static `entropy_coef`, or its adaptive controller with `use_adaptive_entropy`)."""
-        args = self.args
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
-        coef = self.entropy_coef
-        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
-            coef = 0.0  # the controller gates the bonus with the entropy of the previous optimizer step
-        term = entropy_bonus(entropies, mask, coef, accumulation)
-        if self.use_adaptive_entropy and mode == "train":
-            window = torch.stack([(entropies * mask).sum(), mask.sum()]).detach()
-            self._entropy_window_stats = window if self._entropy_window_stats is None else (
-                self._entropy_window_stats + window)
-            if self.accelerator.sync_gradients:
-                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-                world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-                self.entropy_coef = next_entropy_coef(self.entropy_coef, world_entropy, args.entropy_target,
+        args, acc, train = self.args, self.accelerator, mode == "train"
+        term = entropy_bonus(entropies, mask, applied_entropy_coef(
+            self.entropy_coef, self.use_adaptive_entropy, self._last_world_entropy, args.entropy_target),
+            self.current_gradient_accumulation_steps if train else 1)
+        if self.use_adaptive_entropy and train:
+            self._entropy_window_stats = entropy_window(self._entropy_window_stats, entropies, mask)
+            if acc.sync_gradients:
+                world = window_entropy(acc.reduce(self._entropy_window_stats, reduction="sum"))
+                self.entropy_coef = next_entropy_coef(self.entropy_coef, world, args.entropy_target,
                                                       args.entropy_coef_delta, args.entropy_coef_min,
                                                       args.entropy_coef_max)
-                self._last_world_entropy = world_entropy
-                self._entropy_window_stats = None
-        if mode == "train" and self.accelerator.sync_gradients:
+                self._last_world_entropy, self._entropy_window_stats = world, None
+        if train and acc.sync_gradients:
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return term
 
     def _log_loss_metrics(self, stats, entropies, mask, policy_loss, mode):
-        """One collective sum and one gather per micro-batch; see `loss.metrics` for what is logged."""
+        """See `loss.reduced_metrics`; training batches also feed the adaptive reference trigger."""
         acc = self.accelerator
-        local = torch.cat([metric_sums(stats, entropies, mask), policy_loss.detach().float().reshape(1)])
-        totals = acc.reduce(local, reduction="sum")
-        local_extrema = extremum_stats(stats)
-        extrema = combine_extrema(acc.gather(local_extrema.unsqueeze(0)).reshape(-1, local_extrema.numel()))
-        values = metrics(totals[:-1], extrema, log_kl=self.args.beta > 0)
-        values["policy_loss"] = float(totals[-1]) / acc.num_processes
+        values, divergence_sum, tokens = reduced_metrics(
+            stats, entropies, mask, policy_loss, lambda t: acc.reduce(t, reduction="sum"), acc.gather,
+            acc.num_processes, log_kl=self.args.beta > 0)
         values["rpg/reference_updates"] = float(self.reference.updates)
         if mode == "train" and self.reference.trigger is not None:
-            self.reference.record_divergence(float(totals[0]), float(totals[5]))
+            self.reference.record_divergence(divergence_sum, tokens)
             if acc.sync_gradients:  # the last micro-batch of the optimizer step
                 values["rpg/divergence_ema"] = self.reference.end_step()
         self._log_metrics(mode, values)
