@@ -10,6 +10,7 @@ from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 from huggingface_hub import ModelCard
 
 from trl_rpg import RPGConfig, RPGTrainer
+from trl_rpg.model_card import markdown_text, python_string, rpg_settings
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +67,15 @@ def _assert_rpg_card(text: str, divergence: str, estimator: str, reference: str,
 def test_model_card_cites_rpg_and_names_the_settings(model_path, tmp_path):
     out = tmp_path / "out"
     trainer = _train(model_path, out, rpg_divergence="ufkl", rpg_estimator="differentiable",
-                     rpg_reference="periodic", rpg_reference_update_steps=1, beta=0.01)
+                     rpg_reference="periodic", rpg_reference_update_steps=1, beta=0.01, epsilon=0.15,
+                     epsilon_high=0.35, rpg_dual_clip_c=4.0, loss_type="dr_grpo")
     trainer.create_model_card(model_name="rpg-tiny", dataset_name="tiny-arithmetic")
     path = out / "README.md"
     assert path.exists()
     text = path.read_text(encoding="utf-8")
     _assert_rpg_card(text, "ufkl", "differentiable", "periodic", 0.01)
+    assert "| clip (eps_low, eps_high, c) | `(0.15, 0.35, 4.0)` |" in text
+    assert "| aggregation (`loss_type`) | `dr_grpo` |" in text
     card = ModelCard.load(str(path))
     assert {"rpg", "trl"} <= set(card.data.tags)
     assert card.data.model_name == "rpg-tiny" and card.data.datasets == "tiny-arithmetic"
@@ -111,8 +115,8 @@ def test_card_of_a_local_model_and_local_data_has_no_broken_links(model_path, tm
     trainer.create_model_card(model_name="rpg-tiny", dataset_name=str(tmp_path / "my data.parquet"))
     text = (out / "README.md").read_text(encoding="utf-8")
     assert "None" not in text.split("## Training procedure")[0]
-    assert f"fine-tuned version of the local model `{model_path}`" in text
-    assert f"trained on `{tmp_path / 'my data.parquet'}`" in text
+    assert f"fine-tuned version of the local model {markdown_text(model_path)}.\n" in text
+    assert f"trained on {markdown_text(str(tmp_path / 'my data.parquet'))} using" in text
     assert f'model="{out}"' in text
     assert all(" " not in link and "None" not in link and str(tmp_path) not in link for link in _links(text))
     assert ModelCard.load(str(out / "README.md")).data.datasets is None  # no invalid Hub data set id in the metadata
@@ -144,3 +148,83 @@ def test_hub_names_keep_their_links(model_path, tmp_path):
     fixed = repair(card, "Qwen/Qwen3-1.7B", "gsm8k", load_as="me/qwen-rpg")
     assert fixed.split("\n")[0] == card.split("\n")[0]
     assert 'model="me/qwen-rpg"' in fixed
+
+
+def test_settings_rows_show_each_field():
+    """Every row of the settings table reads its own field (distinct values, so a row showing another field's value
+    is caught)."""
+    args = SimpleNamespace(rpg_divergence="rkl", rpg_estimator="reinforce", rpg_reference="adaptive", epsilon=0.1,
+                           epsilon_high=0.3, rpg_dual_clip_c=None, loss_type="bnpo")
+    rows = [line for line in rpg_settings(args, 0.25).splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == ["| divergence | `rkl` |", "| estimator | `reinforce` |", "| reference policy | `adaptive` |",
+                        "| beta | `0.25` |", "| clip (eps_low, eps_high, c) | `(0.1, 0.3, None)` |",
+                        "| aggregation (`loss_type`) | `bnpo` |"]
+
+
+EVIL_MODEL = "evil<script>alert(1)</script>\n# heading"
+EVIL_RUN = "run<script>alert(2)</script>\n# heading [x](https://example.com) *b*"
+EVIL_DATA = "data<img src=x onerror=alert(3)>\n# heading | cell"
+
+
+def _body(text: str) -> str:
+    """The card without its YAML metadata."""
+    assert text.startswith("---\n")
+    return text.split("\n---\n", 1)[1]
+
+
+def test_names_are_escaped_in_the_card(tmp_path):
+    """A base model, model name, data set and output folder whose names hold HTML, Markdown and line breaks: the
+    card's text has no tag and no heading of theirs, each name reads as itself, the metadata keeps the names
+    verbatim, and the quick start is valid Python loading the output folder."""
+    import ast
+
+    from _tiny import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer)
+    model.config._name_or_path = EVIL_MODEL  # not a folder: TRL links it
+    out = tmp_path / 'out "q" `tick` \\ x'
+    args = RPGConfig(**cpu_args(out, max_steps=1, steps_per_generation=2))
+    trainer = RPGTrainer(model=model, processing_class=tokenizer, reward_funcs=length_reward, args=args,
+                         train_dataset=tiny_dataset())
+    trainer.create_model_card(model_name=EVIL_RUN, dataset_name=EVIL_DATA)
+    text = (out / "README.md").read_text(encoding="utf-8")
+    body = _body(text)
+    for tag in ("<script", "</script", "<img", "](https://example.com)"):
+        assert tag not in body
+    headings = [line for line in body.splitlines() if line.lstrip(" ").startswith("#")]
+    assert all("heading" not in line or line.startswith("# Model Card for ") for line in headings), headings
+    assert body.count("# Model Card for ") == 1
+    assert ("# Model Card for run&lt;script&gt;alert\\(2\\)&lt;/script&gt;\\\\n\\# heading "
+            "\\[x\\]\\(https://example.com\\) \\*b\\*\n") in body
+    assert ("fine-tuned version of the local model evil&lt;script&gt;alert\\(1\\)&lt;/script&gt;\\\\n\\# "
+            "heading") in body
+    assert "trained on data&lt;img src=x onerror=alert\\(3\\)&gt;\\\\n\\# heading \\| cell using" in body
+    assert "huggingface.co/evil" not in body
+    # the quick start: one line, valid Python, loading the output folder; the code block is not closed early
+    (line,) = [line for line in body.splitlines() if "pipeline(" in line]
+    call = ast.parse(line.strip()).body[0].value
+    assert ast.literal_eval(call.keywords[0].value) == str(out)
+    assert body.split("## Training procedure")[0].count("```") == 2
+    card = ModelCard.load(str(out / "README.md"))
+    assert card.data.model_name == EVIL_RUN and card.data.base_model == EVIL_MODEL
+
+
+def test_escaped_names_render_as_themselves():
+    """Rendered by a CommonMark renderer with raw HTML on, an escaped name is one paragraph of plain text that reads
+    as the name (a line break shown as `\\n`); the Python literal evaluates back to the name."""
+    import ast
+
+    markdown_it = pytest.importorskip("markdown_it")
+    md = markdown_it.MarkdownIt("commonmark")
+    for name in (EVIL_MODEL, EVIL_RUN, EVIL_DATA, "a_b*c*_d `e` ~~f~~ $x$ &amp; \\ \u202eg\u2028h", "/tmp/my data"):
+        tokens = md.parse(f"Trained on {markdown_text(name)} here.")
+        assert [t.type for t in tokens] == ["paragraph_open", "inline", "paragraph_close"], name
+        children = tokens[1].children
+        assert {t.type for t in children} == {"text"}, (name, [t.type for t in children])
+        shown = "".join(t.content for t in children)
+        expected = "".join("\\n" if ch == "\n" else "\\u202e" if ch == "\u202e" else "\\u2028" if ch == "\u2028"
+                           else ch for ch in name)
+        assert shown == f"Trained on {expected} here.", name
+        assert ast.literal_eval(python_string(name)) == name and "`" not in python_string(name)
+        assert "\n" not in python_string(name)
