@@ -124,6 +124,19 @@ MUTATIONS = [
              "        if self.state.global_step == 0:",
              "        if False:",
              "tests/test_training_on_nothing.py"),
+    Mutation("TRL's masks gate the whole per-token loss (the KL term too)", "trl_rpg/trainer.py",
+             "        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old",
+             "        per_token_loss = per_token_loss * (advantages != 0)\n"
+             "        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old",
+             "tests/test_kl_every_token.py -k mask_leaves"),
+    Mutation("REINFORCE KL weight from the sequence ratio (GSPO)", "trl_rpg/objectives.py",
+             "g = w * x.adv + x.beta * divergence.kl_weight(x.w.detach(), x.log_r.detach(), x.rho)",
+             "g = w * x.adv + x.beta * divergence.kl_weight(w, x.log_r.detach(), x.rho)",
+             "tests/test_kl_every_token.py -k sequence"),
+    Mutation("differentiable KL term through the sequence ratio (GSPO)", "trl_rpg/objectives.py",
+             "    kl = x.beta * divergence.value(x.w, x.log_r, x.rho)",
+             "    kl = x.beta * divergence.value(x.reward_w, x.log_r, x.rho)",
+             "tests/test_kl_every_token.py -k sequence"),
 ]
 
 
