@@ -206,3 +206,35 @@ def test_sequence_level_sampling_keeps_the_per_token_kl_gradient(tmp_path, model
     torch.testing.assert_close(grad * mask, kl_only * mask, rtol=1e-5, atol=1e-9)
     row = mask[0].bool()
     assert (grad[0][row] - grad[0][row].mean()).abs().max() > 1e-4 * grad[0][row].abs().max()
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_sampler_correction_weighs_every_term(tmp_path, model_path, mode):
+    """vLLM's correction `importance_sampling_ratio = pi_old / mu` (truncated, or 0 where rejected) multiplies the
+    reward term AND the KL term: the expectation is over the generator mu, so every term's weight is
+    pi_theta / mu (docs/math.md section 4b). In the masking modes a rejected token or sequence gets no gradient at
+    all; in the truncating modes every token keeps ratio x its gradient. The ratio is TRL's tensor as its
+    generation step would hand it over (per token, or one column per sequence)."""
+    trainer = trained(tmp_path, model_path)
+    inputs = dict(trainer._buffered_inputs[3])
+    mask = inputs["completion_mask"].float()
+    gen = torch.Generator().manual_seed(0)
+    sequence = mode.startswith("sequence")
+    ratio = 0.5 + torch.rand((mask.size(0), 1) if sequence else mask.shape, generator=gen)
+    if mode.endswith("mask"):
+        ratio = torch.where(torch.rand(ratio.shape, generator=gen) < 0.4, torch.zeros_like(ratio), ratio)
+    inputs["importance_sampling_ratio"] = ratio
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    grad, logps, _ = trainer_token_gradient(trainer, inputs)
+    advantages = inputs["advantages"].unsqueeze(1).expand_as(logps)
+    want = ratio * library_token_gradient(trainer, inputs, logps, advantages)
+    torch.testing.assert_close(grad * mask, want * mask, rtol=1e-5, atol=1e-9)
+    # the KL term is weighed too: with no reward signal the gradient is ratio x the KL gradient, zero where rejected
+    inputs["advantages"] = torch.zeros_like(inputs["advantages"])
+    grad, logps, _ = trainer_token_gradient(trainer, inputs)
+    kl_only = library_token_gradient(trainer, inputs, logps, torch.zeros_like(advantages))
+    assert (kl_only * mask).abs().max() > 0
+    torch.testing.assert_close(grad * mask, ratio * kl_only * mask, rtol=1e-5, atol=1e-9)
+    if mode.endswith("mask"):
+        rejected = (ratio.expand_as(mask) == 0) & mask.bool()
+        assert rejected.any() and (grad[rejected] == 0).all()
