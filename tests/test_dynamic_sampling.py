@@ -431,3 +431,17 @@ def test_two_processes_stay_in_step(tmp_path, model_path):
             assert len(rewards) % G == 0 and max(rewards) > min(rewards)
         total_tokens = b0["completion_tokens"] + b1["completion_tokens"]
         assert b0["num_items_in_batch"] == b1["num_items_in_batch"] == total_tokens
+
+
+@pytest.mark.parametrize("text", ["None", "none"])
+def test_metric_none_on_the_command_line_is_none(text):
+    """`--dynamic_sampling_metric None` reaches the config as the text 'None': it means the weighted total."""
+    from trl_rpg.cli import make_train_parser
+
+    _, args, *_ = make_train_parser().parse_args_and_config(["--output_dir", "unused", "--use_cpu", "True",
+                                                             "--dynamic_sampling", "True",
+                                                             "--dynamic_sampling_metric", text])
+    assert args.dynamic_sampling_metric is None
+    _, args, *_ = make_train_parser().parse_args_and_config(
+        ["--output_dir", "unused", "--use_cpu", "True", "--dynamic_sampling_metric", "math_reward"])
+    assert args.dynamic_sampling_metric == "math_reward"

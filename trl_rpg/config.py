@@ -101,16 +101,17 @@ class RPGConfig(GRPOConfig):
             Generation rounds allowed per training batch, the first one included.
         dynamic_sampling_on_exhausted (`str`, *optional*, defaults to `"train"`):
             What happens when the rounds run out before the batch is full: `"train"` trains on every group kept,
-            topped up with the highest-variance groups seen among the dropped ones (whose advantages are zero: no
-            policy-gradient signal, though their tokens still count in the loss normalisation and the KL term), logs
-            it and warns; `"raise"` stops with a `RuntimeError` on every process.
+            topped up with the earliest dropped groups, in generation order (every dropped group has the same reward
+            spread, zero, and advantages zero: no policy-gradient signal, though their tokens still count in the loss
+            normalisation and the KL term), logs it and warns; `"raise"` stops with a `RuntimeError` on every
+            process.
         dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
             Whose reward spread decides whether a group is kept: the name of one reward function (as in
             `trainer.reward_func_names`), or `None` for the weighted total of all reward functions (the same when
             there is one reward function). DAPO and the paper filter on accuracy: with an accuracy reward plus a
             length penalty, set it to the accuracy reward (e.g. `"math_reward"`), or groups that are all wrong but
             differ in length penalty are kept and train on the length penalty alone. The trainer cannot tell which
-            function measures accuracy, hence the default.
+            function measures accuracy, hence the default. On the command line, `None` (or `none`) means None.
     """
 
     # ---- GRPOConfig fields whose defaults change (the paper's setup) ----
@@ -196,7 +197,7 @@ class RPGConfig(GRPOConfig):
     )
     dynamic_sampling_on_exhausted: str = _field(
         "train",
-        "When the rounds run out: 'train' (fill with the best groups seen and log it) or 'raise'.",
+        "When the rounds run out: 'train' (fill with the earliest dropped groups and log it) or 'raise'.",
         choices=list(DYNAMIC_SAMPLING_ON_EXHAUSTED),
     )
     dynamic_sampling_metric: str | None = _field(
@@ -206,6 +207,8 @@ class RPGConfig(GRPOConfig):
     )
 
     def __post_init__(self):
+        if self.dynamic_sampling_metric in ("None", "none"):  # `--dynamic_sampling_metric None` arrives as text
+            self.dynamic_sampling_metric = None
         self.epsilon, self.epsilon_high = resolve_clip_widths(self.epsilon, self.epsilon_high)
         self._validate_rpg()
         if (
