@@ -137,6 +137,10 @@ MUTATIONS = [
              "    kl = x.beta * divergence.value(x.w, x.log_r, x.rho)",
              "    kl = x.beta * divergence.value(x.reward_w, x.log_r, x.rho)",
              "tests/test_kl_every_token.py -k sequence"),
+    Mutation("a fraction's sign dropped", "trl_rpg/rewards/grading.py",
+             '            return -value if m.group(1) == "-" else value',
+             "            return value",
+             "tests/test_grading.py -k negative_fraction"),
 ]
 
 

@@ -54,9 +54,9 @@ def test_grpo_config_is_upgraded_keeping_grpo_fields(tmp_path):
     assert (trainer.args.beta, trainer.args.epsilon, trainer.args.scale_rewards) == (0.02, 0.1, "group")
     assert trainer.args.epsilon_high == 0.1  # GRPO's epsilon_high=None: symmetric, as GRPOTrainer would train
     assert trainer.args.steps_per_generation == 2
-    # ...and RPG fields get RPG defaults
+    # ...and RPG fields get RPG defaults, except the reference: GRPO's beta > 0 is a KL to the initial model
     assert (trainer.args.rpg_divergence, trainer.args.rpg_estimator, trainer.args.rpg_reference) == (
-        "urkl", "reinforce", "sampling")
+        "urkl", "reinforce", "initial")
     trainer.train()
 
 

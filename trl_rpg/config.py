@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .objectives import DIVERGENCES, ESTIMATORS
+from .objectives import DIVERGENCE_TABLE, DIVERGENCES, ESTIMATORS
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
@@ -219,6 +220,16 @@ class RPGConfig(GRPOConfig):
             self.steps_per_generation = self.rpg_generation_reuse * self.gradient_accumulation_steps
         _check_generation_batch(self)  # before TRL's own check, whose message names a number the user never set
         super().__post_init__()
+        if kl_term_is_inert(self):
+            warnings.warn(
+                f"RPGConfig: beta={self.beta} regularises nothing here. With rpg_reference='sampling' the reference "
+                f"is the policy that sampled each batch, and every generation batch is used for one optimizer step "
+                f"(steps_per_generation={self.steps_per_generation} = gradient_accumulation_steps, "
+                f"num_iterations=1), so w = 1 and log(pi/ref) = 0 at every token: the KL term has zero expected "
+                f"gradient and the run trains as with beta=0. Reuse each batch (rpg_generation_reuse > 1, "
+                f"steps_per_generation > gradient_accumulation_steps or num_iterations > 1), or regularise towards a "
+                f"fixed or moving policy (rpg_reference='initial', 'periodic' or 'adaptive').", UserWarning,
+                stacklevel=3)
 
     def _validate_rpg(self):
         def bad(name, value, allowed):
@@ -297,12 +308,16 @@ class RPGConfig(GRPOConfig):
         """Upgrade a `GRPOConfig` to an `RPGConfig`: GRPO fields keep their values, RPG fields get RPG defaults.
 
         `steps_per_generation` is kept as GRPO resolved it (and `generation_batch_size` re-derived from it), so the
-        batch layout of the GRPO script is unchanged.
+        batch layout of the GRPO script is unchanged. With `beta > 0` the reference is `"initial"`: GRPO's `beta`
+        regularises towards the initial model (with PEFT the adapter-disabled base), and with GRPO's on-policy
+        layout RPG's default reference (the sampler) would make the KL term vanish.
         """
         if isinstance(args, cls):
             return args
         values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
         values["generation_batch_size"] = None
+        if values["beta"] > 0:
+            values["rpg_reference"] = "initial"
         # GRPO's meaning of epsilon_high=None (symmetric trust region) is kept
         if values.get("epsilon_high") is None:
             values["epsilon_high"] = values["epsilon"]
@@ -320,6 +335,52 @@ def as_rpg_config(args, model) -> RPGConfig:
     if not isinstance(args, GRPOConfig):
         raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
     return RPGConfig.from_grpo_config(args)
+
+
+def optimizer_steps_per_generation(args) -> int:
+    """How many optimizer steps each generation batch is used for (1: every step is on-policy)."""
+    return max(1, args.steps_per_generation // args.gradient_accumulation_steps) * args.num_iterations
+
+
+def kl_term_is_inert(args) -> bool:
+    """True when the KL term has zero expected gradient by construction: `beta > 0`, the reference is the sampler
+    and every generation batch is used for one optimizer step, so `w = 1` and `log r = 0` (docs/math.md sec. 2)."""
+    return args.beta > 0 and args.rpg_reference == "sampling" and optimizer_steps_per_generation(args) == 1
+
+
+_REFERENCE_TEXT = {
+    "sampling": "the policy that sampled each batch",
+    "initial": "the initial policy, fixed",
+    "periodic": "updated to the policy every {rpg_reference_update_steps} optimizer steps",
+    "adaptive": "updated when the divergence average exceeds {rpg_reference_kl_target}",
+}
+
+
+_ADVANTAGE_TEXT = {"none": "reward - group mean", "group": "(reward - group mean) / group std",
+                   "batch": "(reward - group mean) / batch std"}
+
+
+def describe_objective(args) -> str:
+    """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
+    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
+    title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
+    reuse = optimizer_steps_per_generation(args)
+    dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
+    line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
+            f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}, reference: "
+            f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
+            f"each generation batch used for {reuse} optimizer step(s) (steps_per_generation="
+            f"{args.steps_per_generation}, gradient_accumulation_steps={args.gradient_accumulation_steps}, "
+            f"num_iterations={args.num_iterations}); clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
+            f"advantages: {_ADVANTAGE_TEXT.get(args.scale_rewards, 'reward - group mean, scaled')} (scale_rewards="
+            f"{args.scale_rewards!r}); loss_type={args.loss_type!r}.")
+    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
+        line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+    elif args.beta == 0:
+        line += " beta=0: no KL regularisation."
+    elif kl_term_is_inert(args):
+        line += " The KL term has zero expected gradient here (reference = sampler, no batch reuse)."
+    return line
 
 
 #: The paper's trust region (eps_low, eps_high): RPGConfig's default when neither width is set.

@@ -20,9 +20,9 @@ from torch import nn
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, model_card
+from . import _compat, checkpoint, gradient_guard, learning_signal, model_card
 from . import dynamic_sampling as ds
-from .config import RPGConfig, as_rpg_config
+from .config import RPGConfig, as_rpg_config, describe_objective
 from .loss import (
     Aggregation,
     aggregate,
@@ -119,6 +119,11 @@ class RPGTrainer(GRPOTrainer):
                            "is None or NaN), so it carries no learning signal. Check that the data set has the "
                            "columns your reward functions read (e.g. math_reward reads `ground_truth`, "
                            "`reward_model` or `answer`). A run in which no batch is scored fails at the end.")
+        if self.model.training:  # what the batch offers the policy gradient, over all processes
+            self._signal.add_batch(learning_signal.batch_facts(
+                rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
+                self.reward_weights, self.num_generations, self.multi_objective_aggregation,
+                lambda t: self.accelerator.reduce(t, reduction="sum")))
         if self.trl_computes_reference_logps:
             self.reference.tag(output)
         return output
@@ -127,6 +132,7 @@ class RPGTrainer(GRPOTrainer):
         """TRL's generation and scoring of `batch`, and the rewards (gathered over processes) it computed."""
         with _compat.capture_return(self, "_calculate_rewards") as returned:
             output = super()._generate_and_score_completions(batch)
+        learning_signal.check_reward_model_scores(returned[-1], self.reward_funcs, self.reward_func_names)
         return output, returned[-1]
 
     def _build_dynamic_sampler(self) -> ds.DynamicSampler:
@@ -268,12 +274,17 @@ class RPGTrainer(GRPOTrainer):
     def _get_grad_norm(self, model, grad_norm=None):
         # Override: the non-finite-gradient guard, on the norm clipping just computed (no extra pass).
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if gradient_guard.should_skip(grad_norm, self.is_deepspeed_enabled, self.accelerator.scaler is not None):
+        skipped = gradient_guard.should_skip(grad_norm, self.is_deepspeed_enabled, self.accelerator.scaler is not None)
+        if skipped:
             gradient_guard.drop_gradients(model)
             self.skipped_steps += 1
             self._metrics["train"]["rpg/skipped_steps"].append(float(self.skipped_steps))
             logger.warning("RPGTrainer: the gradient norm is %s at step %d; optimizer step skipped (%d so far).",
                            float(grad_norm), self.state.global_step + 1, self.skipped_steps)
+        saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
+        saved[key], warning = self._signal.end_step(skipped, saved.get(key))
+        if warning:
+            logger.warning(warning)
         return grad_norm
 
     # ------------------------------------------------------------------------------------------------------------
@@ -283,13 +294,10 @@ class RPGTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         # Override: resume only from a verified, complete RPG checkpoint; a run with no step or no scored batch fails.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-            resume_from_checkpoint, manifest = self._verified_checkpoint(resume_from_checkpoint)
-            step = manifest["global_step"]
-            if 0 < self.args.max_steps <= step:
-                logger.warning("RPGTrainer: %s is already at step %d (max_steps=%d); transformers' Trainer still "
-                               "takes one more optimizer step when it resumes a checkpoint (GRPOTrainer does too).",
-                               resume_from_checkpoint, step, self.args.max_steps)
-        self._scoring = ScoringTally()
+            resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
+        if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
+            logger.warning(describe_objective(self.args))
+        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
         if self.state.global_step == 0:
             raise RuntimeError("RPGTrainer: the run took no optimizer step, so the model was trained on nothing "
@@ -300,70 +308,52 @@ class RPGTrainer(GRPOTrainer):
                 f"reward function returned None or NaN for every completion), so the model was trained on nothing. "
                 f"Reward functions: {list(self.reward_func_names)}; data set columns: "
                 f"{getattr(self.train_dataset, 'column_names', None)}.")
+        if self._signal.final_error():
+            raise RuntimeError(self._signal.final_error())
         return output
 
-    def _verified_checkpoint(self, request) -> tuple[str, dict]:
-        """The checkpoint to resume from and its manifest, verified by every process
-        (`checkpoint.verify_for_process`). A given path that fails is refused; with `True`, a checkpoint that fails
-        is skipped for the previous one with a warning (but a reference-schedule mismatch is refused). Every process
-        raises the same error."""
+    def _verified_checkpoint(self, request) -> str:
+        """The checkpoint to resume from (a path, or `True`: the newest that passes), verified by every process
+        before transformers reads it (`checkpoint.resume_checkpoint`); every process raises the same error."""
         acc, args = self.accelerator, self.args
-        candidates = checkpoint.resume_candidates(request, args.output_dir)
-        for path in candidates:
-            try:
-                manifest = checkpoint.verify_for_process(path, args.rpg_reference, acc.num_processes,
-                                                         args.steps_per_generation, acc.process_index,
-                                                         main=acc.is_main_process)
-                failure = None
-            except checkpoint.CheckpointError as error:
-                failure = (isinstance(error, checkpoint.ScheduleMismatch), str(error))
-            failures = [f for f in (gather_object([failure]) if acc.num_processes > 1 else [failure]) if f]
-            if not failures:
-                return path, manifest
-            mismatch, message = failures[0]
-            if request is not True or mismatch:
-                raise (checkpoint.ScheduleMismatch if mismatch else checkpoint.CheckpointError)(message)
-            logger.warning("Not resuming from %s: %s Trying the previous checkpoint.", path, message)
-        raise checkpoint.CheckpointError(f"No RPG checkpoint in output_dir={args.output_dir!r} passes its checks; "
-                                         "see the warnings above.")
+        return checkpoint.resume_checkpoint(
+            request, args.output_dir, checkpoint.run_identity(args, acc.unwrap_model(self.model)), args.max_steps,
+            acc.num_processes, acc.process_index, acc.is_main_process,
+            gather_object if acc.num_processes > 1 else lambda values: values)
 
     def _save_checkpoint(self, model, trial):
-        # Override: RPG's files and the manifest after TRL's; rotation only after the manifest, so a crash mid-save
-        # never leaves a checkpoint that looks complete.
+        # Override: RPG's files and the manifest after TRL's; rotation (RPG's) only after the manifest, so a crash
+        # mid-save never leaves a checkpoint that looks complete nor deletes the last complete one.
         run_dir = self._get_output_dir(trial=trial)
         output_dir = os.path.join(run_dir, f"{_compat.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         limit = self.args.save_total_limit
-        self.args.save_total_limit = None
+        self.args.save_total_limit = None  # TRL's rotation runs inside its save, before the manifest exists
         try:
-            if self.args.should_save and os.path.exists(os.path.join(output_dir, checkpoint.MANIFEST_FILE)):
-                os.remove(os.path.join(output_dir, checkpoint.MANIFEST_FILE))
-            super()._save_checkpoint(model, trial)
-            self._save_rpg_files(output_dir)
+            with checkpoint.explain_disk_full(output_dir):
+                if self.args.should_save:
+                    checkpoint.begin_checkpoint(output_dir, self.state.global_step)
+                super()._save_checkpoint(model, trial)
+                self._save_rpg_files(output_dir)
         finally:
             self.args.save_total_limit = limit
-        if self.args.should_save and limit is not None:
-            _compat.rotate_checkpoints(output_dir=run_dir, save_total_limit=limit,
-                                       best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        if self.args.should_save:
+            checkpoint.rotate(run_dir, limit, output_dir, self.state.best_model_checkpoint)
 
     def _save_rpg_files(self, output_dir: str) -> None:
         args, acc = self.args, self.accelerator
-        os.makedirs(output_dir, exist_ok=True)
         buffer = self._buffered_inputs if args.rpg_save_generation_buffer else None
-        records, rows = checkpoint.save_generation_buffer(output_dir, acc.process_index, self._step, buffer)
-        main_records = {}
+        own = checkpoint.save_generation_buffer(output_dir, acc.process_index, self._step, buffer)
         if args.rpg_reference in MOVING:
             snapshot = self.reference.snapshot(keep=args.should_save)  # a collective call under ZeRO-3
             if args.should_save:
-                main_records.update(checkpoint.save_reference(output_dir, snapshot))
+                checkpoint.save_reference(output_dir, snapshot)
         if args.should_save:
-            main_records.update(checkpoint.save_state(output_dir, {**self.reference.state_dict(),
-                                                                   "skipped_steps": self.skipped_steps}))
-        reported = gather_object([(records, rows)]) if acc.num_processes > 1 else [(records, rows)]
+            checkpoint.save_state(output_dir, {**self.reference.state_dict(), "skipped_steps": self.skipped_steps})
+        reported = gather_object([own]) if acc.num_processes > 1 else [own]
         acc.wait_for_everyone()
         if args.should_save:
-            layout = checkpoint.Layout(acc.num_processes, args.steps_per_generation, args.rpg_reference)
-            checkpoint.write_manifest(output_dir, self.state.global_step, layout, [r for r, _ in reported],
-                                      [rows for _, rows in reported], main_records)
+            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, checkpoint.run_identity(
+                args, acc.unwrap_model(self.model)), reported, args.save_only_model)
 
     def _load_optimizer_and_scheduler(self, resume_from):
         # Override: restore RPG's state with the optimizer's (called once on resume, on every process; the
@@ -377,10 +367,9 @@ class RPGTrainer(GRPOTrainer):
         self.skipped_steps = int(state.get("skipped_steps", 0))
         if self.args.rpg_reference in MOVING:
             self.reference.restore(checkpoint.load_reference(resume_from))
-        manifest = checkpoint.read_manifest(resume_from)
-        plan = checkpoint.plan_buffer_restore(manifest, acc.num_processes, self.args.steps_per_generation)
         self._step, self._buffered_inputs = checkpoint.restore_buffers(
-            resume_from, manifest, plan, acc.num_processes, acc.process_index, self._pad_token_id, acc.device)
+            resume_from, acc.num_processes, self.args.steps_per_generation, acc.process_index, self._pad_token_id,
+            acc.device)
 
     @property
     def _pad_token_id(self) -> int:
