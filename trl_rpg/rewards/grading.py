@@ -22,6 +22,7 @@ import functools
 import logging
 import re
 import threading
+import unicodedata
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -202,6 +203,7 @@ def extract_answer(text: str | None) -> str | None:
     """
     if not text:
         return None
+    text = _drop_format_characters(text)
     on_lines, in_sentences = _marker_answers(text)
     boxes = [(start, answer) for start, content in _boxed_answers(text) if (answer := _clean_answer(content))]
     candidates = on_lines + boxes or in_sentences
@@ -224,6 +226,30 @@ _SIMPLE_ASSIGN_RE = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?=(?!=)")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
 _FRAC_SHORT2_RE = re.compile(r"\\frac\{([^{}]*)\}(\d)")
 _SQRT_SHORT_RE = re.compile(r"\\sqrt(\d+)")
+_SPACED_THOUSANDS_RE = re.compile(r"^[+-]?\d{1,3}(?:\s\d{3})+(?:\.\d+)?$")  # "10 000", "10\,000"
+# A number and its unit: "5\text{ cm}", "5 \mbox{kg}", "12 m" (the unit's text in group 1 or 2).
+_NUMBER_AND_UNIT_RE = re.compile(
+    r"^[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)\s*(?:\\(?:text|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z .]*)\}|([A-Za-z]+))$"
+)
+_COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+
+
+def _drop_format_characters(s: str) -> str:
+    """``s`` without Unicode format characters (category Cf): right-to-left and left-to-right marks, bidirectional
+    embeddings and isolates, zero-width spaces and joiners, the byte-order mark.  They are invisible, carry no
+    mathematics, and a right-to-left completion puts them around its numbers."""
+    return "".join(c for c in s if unicodedata.category(c) != "Cf") if not s.isascii() else s
+
+
+def _drop_spaces(s: str) -> str:
+    """``s`` without whitespace, except that two digits separated by whitespace keep one space between them
+    (``"1 2"`` is not ``"12"``) unless the whole answer is a number with thousands separated by spaces
+    (``"10 000"``)."""
+    s = s.strip()
+    if _SPACED_THOUSANDS_RE.match(s):
+        return re.sub(r"\s+", "", s)
+    s = re.sub(r"(?<=\d)\s+(?=\d)", " ", s)
+    return re.sub(r"(?<!\d)\s+|\s+(?!\d)", "", s)
 
 
 def _unwrap_command(s: str, pattern: re.Pattern[str]) -> str:
@@ -256,8 +282,8 @@ def normalize_answer(s: Any) -> str:
 
     The transformations (applied in this order) are:
 
-    * ``None`` -> ``""``; non-strings are converted with ``str``; a whole-string ``\\boxed{}``/``\\fbox{}`` is
-      unwrapped.
+    * ``None`` -> ``""``; non-strings are converted with ``str``; Unicode format characters (right-to-left marks,
+      zero-width spaces) are dropped; a whole-string ``\\boxed{}``/``\\fbox{}`` is unwrapped.
     * remove ``$``, ``\\(``, ``\\)``, ``\\[``, ``\\]``, ``\\displaystyle``, ``\\left``, ``\\right``, LaTeX spacing
       (``\\!``, ``\\,``, ``\\;``, ``\\:``, ``\\ ``, ``~``, ``\\quad``);
     * degree marks (``^\\circ``, ``^{\\circ}``, ``°``, ``\\degree``) and percent signs (``\\%``, ``%``) are dropped;
@@ -265,7 +291,8 @@ def normalize_answer(s: Any) -> str:
     * text/font wrappers are unwrapped (``\\text{}``, ``\\textbf{}``, ``\\mathrm{}``, ``\\mathbf{}``, ``\\mbox{}``,
       ...);
     * ``\\dfrac``/``\\tfrac`` -> ``\\frac``; ``\\frac12`` -> ``\\frac{1}{2}``; ``\\sqrt2`` -> ``\\sqrt{2}``;
-    * all whitespace is removed, then trailing periods;
+    * all whitespace is removed, then trailing periods, except that whitespace between two digits stays one space
+      (``1 2`` is not ``12``) unless the answer is a number whose thousands are separated by spaces (``10\\,000``);
     * a single-variable assignment prefix is dropped (``x=5`` -> ``5``, ``a_1=3`` -> ``3``);
     * ``{,}`` and thousands separators are removed (``1,000`` -> ``1000``, ``1{,}000`` -> ``1000``), but a
       comma-separated list such as ``1,2`` is kept;
@@ -276,7 +303,7 @@ def normalize_answer(s: Any) -> str:
     """
     if s is None:
         return ""
-    s = str(s).strip()
+    s = _drop_format_characters(str(s)).strip()
     if not s:
         return ""
     # whole-string \boxed{...}
@@ -298,7 +325,7 @@ def normalize_answer(s: Any) -> str:
     s = _UNIT_SUFFIX_RE.sub("", s)
     s = _unwrap_command(s, _TEXT_WRAPPER_RE)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    s = re.sub(r"\s+", "", s)
+    s = _drop_spaces(s)
     s = _FRAC_SHORT_RE.sub(r"\\frac{\1}{\2}", s)
     s = _FRAC_SHORT2_RE.sub(r"\\frac{\1}{\2}", s)
     s = _SQRT_SHORT_RE.sub(r"\\sqrt{\1}", s)
@@ -425,9 +452,15 @@ def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool =
 
     1. their :func:`normalize_answer` forms are equal and non-empty;
     2. both normalise to exact rationals (integer, decimal, ``a/b``, ``\\frac{a}{b}``) with the same value (this
-       route works without ``math-verify``; two different integers are never equivalent);
+       route works without ``math-verify``, and it alone decides: ``0.333333`` is not ``\\frac{1}{3}``);
     3. ``math-verify`` (if installed and ``use_math_verify``) parses both and ``verify(gold, pred)`` is True (this
-       also accepts e.g. ``\\sqrt{2}`` == ``2^{1/2}`` and decimals equal to a fraction up to 6 decimal places).
+       also accepts e.g. ``\\sqrt{2}`` == ``2^{1/2}``); a number is given to it as the exact rational it writes, so a
+       decimal is never equal to an irrational (``3.141593`` is not ``\\pi``).
+
+    Whatever the route, two answers are not equivalent when both are a number with a unit and the units differ
+    (``5\\text{ cm}`` vs ``5\\text{ m}``; a unit on one side only is ignored), or when their letters differ only in
+    case (``b`` vs ``B``: case matters).  Invisible Unicode format characters (right-to-left marks, zero-width spaces)
+    are ignored.
 
     ``math-verify`` is called with signal-based timeouts (:data:`MATH_VERIFY_TIMEOUT_S`) in the main thread and without
     timeouts elsewhere (threads, where ``signal.alarm`` is unavailable); pathological inputs (nested/huge powers, very
@@ -439,23 +472,52 @@ def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool =
     pred, gold = str(pred).strip(), str(gold).strip()
     if not pred or not gold:
         return False
+    upred, ugold = _unit(pred), _unit(gold)
+    if upred is not None and ugold is not None and upred != ugold:
+        return False  # 5 cm is not 5 m (a unit on one side only is ignored: "5 cm" is "5")
     npred, ngold = normalize_answer(pred), normalize_answer(gold)
     if npred and npred == ngold:
         return True
+    if _differ_in_case_only(npred, ngold):
+        return False  # math-verify would accept "b" for "B"
     fp, fg = _as_fraction(npred), _as_fraction(ngold)
     if fp is not None and fg is not None:
-        if fp == fg:
-            return True
-        if fp.denominator == 1 and fg.denominator == 1:
-            return False  # two different integers: nothing math-verify could add (and it is the common case)
+        return fp == fg  # two exact numbers: their values decide (0.333333 is not 1/3)
     if use_math_verify:
-        return _math_verify_equal(pred, gold)
+        # A number is handed over as the exact rational it writes, so that 3.141593 is not \pi (math-verify would
+        # compare a decimal with a tolerance).
+        return _math_verify_equal(pred if fp is None else _exact_latex(fp), gold if fg is None else _exact_latex(fg))
     return False
+
+
+def _unit(answer: str) -> str | None:
+    """The unit of an answer that is a number and a unit (``5\\text{ cm}``, ``12 m``: ``"cm"``, ``"m"``), without
+    spaces; ``None`` for any other answer."""
+    s = re.sub(r"\\[!,;: ]|~", " ", _drop_format_characters(answer)).replace("$", "").strip().rstrip(".").strip()
+    m = _NUMBER_AND_UNIT_RE.match(s)
+    return None if m is None else re.sub(r"\s+", "", m.group(1) or m.group(2)).rstrip(".")
+
+
+def _differ_in_case_only(a: str, b: str) -> bool:
+    """Whether the letters of two normalised answers (outside LaTeX commands) differ, but not once case is ignored:
+    ``B`` vs ``b``, ``2A`` vs ``2a`` (case matters)."""
+    letters_a = set(re.findall(r"[A-Za-z]", _COMMAND_RE.sub("", a)))
+    letters_b = set(re.findall(r"[A-Za-z]", _COMMAND_RE.sub("", b)))
+    return letters_a != letters_b and {c.lower() for c in letters_a} == {c.lower() for c in letters_b}
+
+
+def _exact_latex(value: Fraction) -> str:
+    """LaTeX of an exact rational: ``"3"``, ``"-\\frac{1}{2}"``."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    sign = "-" if value < 0 else ""
+    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Completions, reference answers and scoring (shared by math_reward and trl_rpg.evaluation)
 # ---------------------------------------------------------------------------------------------------------------------
+
 
 def completion_to_text(completion: Any) -> str:
     """Text of a completion given as a string or as a conversational list of messages.
