@@ -71,13 +71,26 @@ def test_filter_with_several_reward_functions():
     assert signal(rows, [1.0, 2.0], "normalize_then_sum")[0] == [True, False]
 
 
-def test_selection_prefers_generation_order_then_spread():
+def test_a_function_that_scores_nothing_does_not_unscore_the_group():
+    """Two functions, the first None (NaN) for every completion, the second varying: the group is scored by the
+    second and kept (under both aggregations); a group with no score at all is dropped."""
+    nan = float("nan")
+    rows = [[nan, r] for r in (0.0, 1.0, 0.0, 1.0)] + [[nan, nan]] * 4
+    for aggregation in ("sum_then_normalize", "normalize_then_sum"):
+        informative, spread = signal(rows, [1.0, 1.0], aggregation)
+        assert informative == [True, False], aggregation
+        assert spread[0] > 0 and spread[1] == 0
+
+
+def test_selection_takes_generation_order():
     recs = [ds.GroupRecord(0, 0, False, 0.0), ds.GroupRecord(0, 1, True, 0.1), ds.GroupRecord(1, 0, True, 0.5),
-            ds.GroupRecord(1, 1, False, 0.01), ds.GroupRecord(1, 2, True, 0.2)]
+            ds.GroupRecord(1, 1, False, 0.0), ds.GroupRecord(1, 2, True, 0.2), ds.GroupRecord(2, 0, False, 0.0)]
     assert [(r.round, r.group) for r in ds.select_groups(recs, 2, fill=False)] == [(0, 1), (1, 0)]
     assert [(r.round, r.group) for r in ds.select_groups(recs, 5, fill=False)] == [(0, 1), (1, 0), (1, 2)]
-    # filling: the highest-spread non-informative groups first
-    assert [(r.round, r.group) for r in ds.select_groups(recs, 4, fill=True)] == [(0, 1), (1, 0), (1, 2), (1, 1)]
+    # filling: the informative groups, then the earliest dropped ones (every dropped group has spread 0)
+    assert [(r.round, r.group) for r in ds.select_groups(recs, 4, fill=True)] == [(0, 1), (1, 0), (1, 2), (0, 0)]
+    assert [(r.round, r.group) for r in ds.select_groups(recs, 5, fill=True)] == [
+        (0, 1), (1, 0), (1, 2), (0, 0), (1, 1)]
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -378,11 +391,16 @@ def test_resume_continues_the_prompt_stream(tmp_path, model_path):
     first_rounds = int(full.batches[0]["stats"]["rounds"])
     assert first_rounds > 1
     assert saved == {"prompts_drawn": (first_rounds - 1) * 4, "exhausted_batches": 0}
+    final_path = tmp_path / "full" / "checkpoint-4" / "trainer_state.json"
+    final = json.loads(final_path.read_text())["stateful_callbacks"][ds.STATE_KEY]
+    second_rounds = int(full.batches[1]["stats"]["rounds"])
+    assert final["prompts_drawn"] == (first_rounds - 1 + second_rounds - 1) * 4  # the cursor carries on
 
     resumed = make_trainer(model_path, tmp_path / "full", SubsetReward(), **overrides)
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
     assert len(resumed.batches) == 1
     assert resumed.batches[0]["rows"] == full.batches[1]["rows"]
+    assert json.loads(final_path.read_text())["stateful_callbacks"][ds.STATE_KEY] == final
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=n)
 
@@ -445,3 +463,111 @@ def test_metric_none_on_the_command_line_is_none(text):
     _, args, *_ = make_train_parser().parse_args_and_config(
         ["--output_dir", "unused", "--use_cpu", "True", "--dynamic_sampling_metric", "math_reward"])
     assert args.dynamic_sampling_metric == "math_reward"
+
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The round loop, with a scripted generator (no model)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def scripted_sampler(metric=None, names=("f",), max_rounds=8, on_exhausted="train", data=16):
+    """A one-process `DynamicSampler` over prompts "p0".."p{data-1}" (stream in data-set order)."""
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"prompt": [f"p{i}" for i in range(data)]})
+    return ds.DynamicSampler(
+        num_generations=G, max_rounds=max_rounds, on_exhausted=on_exhausted, metric=metric,
+        reward_func_names=list(names), reward_weights=torch.ones(len(names)), aggregation="sum_then_normalize",
+        pad_token_id=0, dataset=dataset, seed=0, shuffle=False,
+        collectives=ds.Collectives(1, 0, "cpu", lambda obj: [obj], lambda t: t))
+
+
+def scripted_generation(reward):
+    """`generate_and_score` for `DynamicSampler.collect`: row j of the prompt "pK" gets `reward(K, j % G)` (one
+    function) and carries K in its ids; records the prompts of every round."""
+    calls = []
+
+    def generate_and_score(rows):
+        prompts = [int(r["prompt"][1:]) for r in rows]
+        calls.append(prompts[::G])
+        marker = torch.tensor(prompts)
+        batch = {"prompt_ids": marker.view(-1, 1), "prompt_mask": torch.ones(len(rows), 1, dtype=torch.long),
+                 "completion_ids": marker.view(-1, 1), "completion_mask": torch.ones(len(rows), 1, dtype=torch.long),
+                 "advantages": torch.zeros(len(rows))}
+        rewards = torch.tensor([reward(k, j % G) for j, k in enumerate(prompts)], dtype=torch.float32).view(
+            len(rows), -1)
+        return batch, rewards
+
+    return generate_and_score, calls
+
+
+def rows_of(*prompts):
+    return [{"prompt": f"p{k}"} for k in prompts for _ in range(G)]
+
+
+def even_constant(k, j):  # the even prompts' groups are constant, the odd ones' vary
+    return 1.0 if k % 2 == 0 else float(j)
+
+
+def test_metric_naming_the_second_reward_function_reads_its_column():
+    rewards = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 1.0], [1.0, 1.0],  # group 0: a varies, b constant
+                            [2.0, 0.0], [2.0, 1.0], [2.0, 0.0], [2.0, 1.0]])  # group 1: a constant, b varies
+    expected = {"b": [False, True], "a": [True, False], None: [True, True]}
+    for metric, want in expected.items():
+        informative, _ = scripted_sampler(metric, names=("a", "b")).signal(rewards)
+        assert informative.tolist() == want, metric
+
+
+def test_prompt_stream_continues_across_batches_and_on_resume():
+    """Two batches (2 groups each) that both need extra rounds: the second draws the prompts after the first's, the
+    saved cursor counts every prompt drawn, and a sampler resumed from the first batch's saved state builds the
+    same second batch as the uninterrupted one."""
+    sampler = scripted_sampler()
+    generate, calls = scripted_generation(even_constant)
+    first, state, stats, _ = sampler.collect(rows_of(10, 12), generate, {})
+    assert calls == [[10, 12], [0, 1], [2, 3]] and stats["rounds"] == 3
+    assert state == {"prompts_drawn": 4, "exhausted_batches": 0}
+    saved = json.loads(json.dumps(state))
+    second, state, stats, _ = sampler.collect(rows_of(14, 8), generate, state)
+    assert calls[3:] == [[14, 8], [4, 5], [6, 7]]  # new prompts, not the first batch's again
+    assert state == {"prompts_drawn": 8, "exhausted_batches": 0}
+    assert first["prompt_ids"].view(-1).tolist() == [1] * G + [3] * G
+    assert second["prompt_ids"].view(-1).tolist() == [5] * G + [7] * G
+    generate, resumed_calls = scripted_generation(even_constant)
+    resumed, resumed_state, _, _ = scripted_sampler().collect(rows_of(14, 8), generate, saved)
+    assert resumed_calls == calls[3:] and resumed_state == state
+    assert torch.equal(resumed["prompt_ids"], second["prompt_ids"])
+
+
+def test_exhausted_batch_is_topped_up_with_the_earliest_dropped_groups():
+    """Nothing varies: the batch trains on the first round's groups (the batch TRL handed over), not a later one."""
+    sampler = scripted_sampler(max_rounds=3)
+    generate, calls = scripted_generation(lambda k, j: 0.5)
+    batch, state, stats, _ = sampler.collect(rows_of(10, 12), generate, {})
+    assert calls == [[10, 12], [0, 1], [2, 3]]
+    assert stats["exhausted"] == 1 and stats["groups_trained_without_signal"] == 2
+    assert batch["prompt_ids"].view(-1).tolist() == [10] * G + [12] * G
+
+
+def test_rounds_without_a_kept_group_warn(caplog):
+    """A reward that never varies with a large `dynamic_sampling_max_rounds`: a warning after 8 rounds in a row
+    without a kept group (then at 16, 32), naming the count and what to check; none within the default cap."""
+    import logging
+
+    generate, calls = scripted_generation(lambda k, j: 0.5)
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling"):
+        scripted_sampler(max_rounds=40).collect(rows_of(0, 1), generate, {})
+    messages = [r.getMessage() for r in caplog.records if r.name == "trl_rpg.dynamic_sampling"]
+    assert len(calls) == 40 and len(messages) == 3
+    assert [m.split("the last ")[1].split(" ")[0] for m in messages] == ["8", "16", "32"]
+    assert "dynamic_sampling_max_rounds=40" in messages[0] and "Check the reward functions" in messages[0]
+    assert "the weighted total of the reward functions" in messages[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling"):
+        scripted_sampler(max_rounds=8).collect(rows_of(0, 1), generate, {})  # the caller reports an exhausted batch
+        # a kept group resets the count: 7 idle rounds, then signal, then 7 idle ones
+        schedule = iter([0.5] * 7 * 2 * G + [0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0] + [0.5] * 7 * 2 * G)
+        scripted_sampler(max_rounds=15).collect(rows_of(0, 1), scripted_generation(lambda k, j: next(schedule))[0],
+                                                {})
+    assert not [r for r in caplog.records if r.name == "trl_rpg.dynamic_sampling"]

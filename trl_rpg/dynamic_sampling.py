@@ -18,6 +18,7 @@ gathered over all processes, which is what the filter reads: every process decid
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,11 +36,16 @@ from .batch import (
     unknown_fields,
 )
 
+logger = logging.getLogger(__name__)
+
 #: Key of the dynamic-sampling state in `TrainerState.stateful_callbacks` (saved in `trainer_state.json`).
 STATE_KEY = "RPGDynamicSampling"
 
 #: Relative tolerance of "zero variance": a group is constant when max - min <= RTOL * max(1, max |reward|).
 RTOL = 1e-6
+
+#: Rounds in a row without a kept group after which `DynamicSampler.collect` warns (again after 2x, 4x, ... as many).
+IDLE_ROUNDS_WARNING = 8
 
 # ------------------------------------------------------------------------------------------------------------------
 # The group filter
@@ -128,15 +134,16 @@ class GroupRecord:
     round: int
     group: int  # index of the group in its round's global batch
     informative: bool
-    spread: float
+    spread: float  # std of the group's reward (0 for every non-informative group)
 
 
 def select_groups(records: Sequence[GroupRecord], target: int, fill: bool) -> list[GroupRecord]:
-    """The groups to train on: the first `target` informative groups in generation order; if there are fewer and
-    `fill`, topped up with the non-informative groups of highest spread (then earliest)."""
+    """The groups to train on, `records` being in generation order: the first `target` informative groups; if there
+    are fewer and `fill`, topped up with the earliest non-informative ones (all of spread 0: no order by spread
+    could tell them apart)."""
     chosen = [r for r in records if r.informative][:target]
     if fill and len(chosen) < target:
-        rest = sorted((r for r in records if not r.informative), key=lambda r: (-r.spread, r.round, r.group))
+        rest = [r for r in records if not r.informative]
         chosen += rest[:target - len(chosen)]
     return chosen
 
@@ -441,6 +448,7 @@ class DynamicSampler:
         self.group_size = num_generations
         self.max_rounds = max_rounds
         self.fill = on_exhausted == "train"
+        self.metric = metric
         self.column = None if metric is None else list(reward_func_names).index(metric)
         self.weights = reward_weights
         self.aggregation = aggregation
@@ -455,6 +463,21 @@ class DynamicSampler:
             return group_reward_signal(rewards_per_func, self.weights, self.group_size, self.aggregation)
         rewards = rewards_per_func[:, self.column:self.column + 1]
         return group_reward_signal(rewards, torch.ones(1), self.group_size, "sum_then_normalize")
+
+    def _warn_if_idle(self, idle: int, buffer: RoundBuffer, rounds: int) -> None:
+        """Warn (main process) after `IDLE_ROUNDS_WARNING` rounds in a row without a kept group, then at each
+        doubling: with a large `dynamic_sampling_max_rounds`, a reward that never varies would spin silently."""
+        if idle < IDLE_ROUNDS_WARNING or idle & (idle - 1) or self.comm.rank != 0:  # 8, 16, 32, ...
+            return
+        decides = ("the weighted total of the reward functions" if self.column is None
+                   else f"the reward function {self.metric!r} (dynamic_sampling_metric)")
+        logger.warning(
+            "Dynamic sampling: the last %d generation rounds kept no group (%d of the %d groups this batch needs kept "
+            "after %d rounds; dynamic_sampling_max_rounds=%d): the rewards of %s are equal within every group. Check "
+            "the reward functions (a constant reward, a reward the model never earns, e.g. an answer it never "
+            "writes) and the sampling settings (temperature near 0 or top_k=1 make a prompt's completions alike), "
+            "or lower dynamic_sampling_max_rounds.", idle, buffer.groups_informative, buffer.target, rounds,
+            self.max_rounds, decides)
 
     def stream(self, local_batch_size: int) -> PromptStream:
         if local_batch_size not in self._streams:
@@ -485,6 +508,7 @@ class DynamicSampler:
         buffer = RoundBuffer(target, self.group_size, local_rows, world_size, self.comm.rank, fill=self.fill)
         all_rewards = []
         batch = inputs
+        idle = 0  # rounds in a row that kept no group
         for round_index in range(self.max_rounds):
             if round_index > 0:
                 batch, cursor = self.stream(local_rows).draw(cursor)
@@ -497,6 +521,9 @@ class DynamicSampler:
             buffer.add_round(output, informative, spread)
             if buffer.full:
                 break
+            idle = 0 if bool(informative.any()) else idle + 1
+            if round_index + 1 < self.max_rounds:  # (the last round's outcome is reported by the caller)
+                self._warn_if_idle(idle, buffer, round_index + 1)
         exhausted = not buffer.full
         exhausted_total += int(exhausted)
         new_state = {"prompts_drawn": cursor, "exhausted_batches": exhausted_total}
@@ -549,6 +576,7 @@ def summary(buffer: RoundBuffer, selected: Sequence[GroupRecord], exhausted: boo
 
 
 __all__ = [
+    "IDLE_ROUNDS_WARNING",
     "STATE_KEY",
     "Collectives",
     "DynamicSampler",
