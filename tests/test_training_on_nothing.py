@@ -1,11 +1,16 @@
 """A run that trains on nothing never exits 0 in silence: rewards never scored (a warning at the first such batch,
-then an error at the end), a configuration with no training step (an error naming the field), no optimizer step
-taken (an error); a resume from a checkpoint already at the last step says what happens (a warning)."""
+then an error at the end), no optimizer step carrying a learning signal (a constant reward, greedy sampling, every
+step skipped, every completion masked: a warning after 3 such steps, then an error at the end; see
+`trl_rpg.learning_signal`), reward-model scores that would overflow TRL's std (an error at once), a configuration
+with no training step (an error naming the field), no optimizer step taken (an error); a resume from a checkpoint
+already at the last step says what happens (a warning)."""
 
 import logging
 
 import pytest
+import torch
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
+from transformers import TrainerCallback
 
 from trl_rpg import RPGConfig, RPGTrainer
 
@@ -83,3 +88,137 @@ def test_resuming_a_finished_run_says_that_transformers_takes_one_more_step(tmp_
     assert trainer.state.global_step == 3
     assert any("is already at step 2 (max_steps=2); transformers' Trainer still takes one more optimizer step"
                in r.getMessage() for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# No learning signal (issue 20, section 1)
+# ------------------------------------------------------------------------------------------------------------------
+
+NO_SIGNAL = "the last 3 optimizer steps carried no learning signal"
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def train_without_signal(trainer, caplog, error: str):
+    """Train; the run must log the no-signal warning once and raise `error` (a regex) at the end."""
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+        with pytest.raises(RuntimeError, match=error):
+            trainer.train()
+    assert trainer.state.global_step == trainer.args.max_steps  # it ran to the end, then failed
+    assert sum(NO_SIGNAL in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("reward,options", [
+    (constant_reward, {}),
+    (digit_reward, {"top_k": 1}),  # greedy: the completions of a prompt are all the same
+], ids=["constant_reward", "greedy_sampling"])
+def test_a_run_whose_groups_never_differ_in_reward_fails(tmp_path, model_path, caplog, reward, options):
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=2, **options))
+    trainer = RPGTrainer(model=model_path, reward_funcs=reward, args=args, train_dataset=tiny_dataset())
+    train_without_signal(trainer, caplog, r"none of the 4 optimizer steps carried a learning signal \(4 steps: zero "
+                                          r"reward spread in every group\), so the model was trained on nothing")
+
+
+def test_a_run_whose_every_step_is_skipped_fails(tmp_path, model_path, caplog):
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=3))
+    trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    trainer.model.lm_head.weight.register_hook(lambda grad: grad * float("nan"))  # every gradient norm is NaN
+    train_without_signal(trainer, caplog, r"none of the 3 optimizer steps carried a learning signal \(3 steps: "
+                                          r"skipped by the non-finite-gradient guard\)")
+    assert trainer.skipped_steps == 3
+
+
+def test_a_run_whose_every_completion_is_masked_fails(tmp_path, model_path, caplog):
+    # no EOS (nor pad) can be generated: every completion is truncated, and masked
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=3, mask_truncated_completions=True,
+                                generation_kwargs={"suppress_tokens": [0, 1]}))
+    trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    train_without_signal(trainer, caplog, r"none of the 3 optimizer steps carried a learning signal \(3 steps: every "
+                                          r"completion token masked\).*raise max_completion_length")
+
+
+def test_a_run_with_signal_in_some_steps_trains(tmp_path, model_path, caplog):
+    calls = []
+
+    def constant_then_informative(completions, **kwargs):
+        calls.append(len(completions))
+        return [1.0] * len(completions) if len(calls) <= 3 else digit_reward(completions)
+
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=1))  # a new batch every step
+    trainer = RPGTrainer(model=model_path, reward_funcs=constant_then_informative, args=args,
+                         train_dataset=tiny_dataset())
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+        trainer.train()  # step 4 carried signal
+    assert sum(NO_SIGNAL in r.getMessage() for r in caplog.records) == 1  # after steps 1-3
+    assert trainer.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 4, "steps_with_signal": 1}
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+        return control
+
+
+class ConstantAfter(TrainerCallback):
+    """Makes `reward` constant from optimizer step `step` on."""
+
+    def __init__(self, reward, step):
+        self.reward, self.step = reward, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.reward.constant = state.global_step + 1 >= self.step
+
+
+class SwitchableReward:
+    def __init__(self):
+        self.constant = False
+        self.__name__ = "switchable_reward"
+
+    def __call__(self, completions, **kwargs):
+        return constant_reward(completions) if self.constant else digit_reward(completions)
+
+
+def test_a_resumed_run_that_had_signal_before_its_checkpoint_does_not_fail(tmp_path, model_path, caplog):
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=5, steps_per_generation=1, save_strategy="steps", save_steps=2))
+    reward = SwitchableReward()
+    first = RPGTrainer(model=model_path, reward_funcs=reward, args=args, train_dataset=tiny_dataset())
+    first.add_callback(ConstantAfter(reward, 2))
+    first.add_callback(StopAt(2))
+    first.train()  # step 1 carried signal, step 2 none; checkpoint-2
+    resumed = RPGTrainer(model=model_path, reward_funcs=constant_reward, args=args, train_dataset=tiny_dataset())
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+        resumed.train(resume_from_checkpoint=True)  # steps 3-5: none
+    assert resumed.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 5, "steps_with_signal": 1}
+    assert sum(NO_SIGNAL in r.getMessage() for r in caplog.records) == 1
+
+
+def save_reward_model(path, model_path, scale: float) -> str:
+    """A local sequence-classification reward model on the tiny model's config whose scores are about `scale`."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model_path, num_labels=1)
+    config.pad_token_id = AutoTokenizer.from_pretrained(model_path).pad_token_id
+    torch.manual_seed(1)
+    model = AutoModelForSequenceClassification.from_config(config)
+    with torch.no_grad():
+        model.score.weight.mul_(scale)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(path)
+    return str(path)
+
+
+def test_reward_model_scores_that_overflow_the_std_are_refused(tmp_path, model_path):
+    """Scores of ~1e27 overflow TRL's float32 group std (every advantage 0); like a reward function's, a reward
+    model's scores must stay within 1e15, and the error names the model."""
+    reward_model = save_reward_model(tmp_path / "huge_scores", model_path, 1e27)
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=3, scale_rewards="group"))
+    trainer = RPGTrainer(model=model_path, reward_funcs=reward_model, args=args, train_dataset=tiny_dataset())
+    with pytest.raises(ValueError, match=r"Reward model `huge_scores` scored completion 0 of the batch \(of 32, all "
+                                         r"processes\) -?\d.*e\+2\d.*at most 1e\+15 in magnitude"):
+        trainer.train()
+    assert trainer.state.global_step == 0
