@@ -14,7 +14,7 @@ import torch
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg.checkpoint import MANIFEST_FILE, last_complete_checkpoint
+from trl_rpg.checkpoint import MANIFEST_FILE, IncompleteCheckpoint, last_complete_checkpoint
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_resume_script.py")
 
@@ -83,7 +83,7 @@ def test_checkpoint_interrupted_while_written_is_never_resumed(tmp_path, model_p
     assert last_complete_checkpoint(str(out)).endswith("checkpoint-3")
 
     trainer = make_trainer(model_path, out, "periodic")
-    with pytest.raises(ValueError, match="not a complete RPG checkpoint"):
+    with pytest.raises(IncompleteCheckpoint, match="not a complete RPG checkpoint: it was interrupted while being"):
         trainer.train(resume_from_checkpoint=str(half))
     trainer.train(resume_from_checkpoint=True)  # picks checkpoint-3 and finishes
     assert trainer.state.global_step == 6
