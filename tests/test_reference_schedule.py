@@ -142,3 +142,27 @@ def test_lora_runs_with_each_reference_schedule(tmp_path, model_path, reference)
     # the base weights are untouched: "initial" is the adapter-disabled base model
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.named_parameters() if n in base)
     assert trainer.state.log_history[-2]["rpg/divergence"] >= 0
+
+
+@pytest.mark.parametrize("autocast", [True, False])
+def test_lora_reference_adapter_has_the_trained_adapters_dtype(tmp_path, model_path, autocast):
+    """A moving reference under LoRA is a frozen adapter copy in the trained adapter's dtype: with a bf16 base and
+    ZeRO-3, TRL keeps the adapter in bf16 (`autocast_adapter_dtype=False`, TRL #6089: ZeRO-3 fails on a mixed
+    bf16/float32 layout), and the copy must be bf16 too; otherwise both are PEFT's float32."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+    model = get_peft_model(base, lora(), autocast_adapter_dtype=autocast)
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=1, rpg_reference="periodic", rpg_reference_update_steps=1,
+                                beta=0.1))
+    trainer = RPGTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    named = dict(trainer.model.named_parameters())
+    refs = {n: p for n, p in named.items() if ".ref." in n}
+    assert refs
+    want = torch.float32 if autocast else torch.bfloat16
+    for name, param in refs.items():
+        trained = named[name.replace(".ref.", ".default.")]
+        assert trained.dtype == want and param.dtype == want, name
+        assert not param.requires_grad and torch.equal(param, trained)

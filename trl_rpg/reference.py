@@ -88,13 +88,16 @@ class ReferencePolicy:
     def _add_reference_adapter(self) -> None:
         """With PEFT, a moving reference is a frozen copy of the adapter, not a second model."""
         model = self._policy
-        if not is_peft_model(model) or REFERENCE_ADAPTER in model.peft_config:
+        if not is_peft_model(model):
             return
-        model.add_adapter(REFERENCE_ADAPTER, model.peft_config["default"])
-        for name, param in model.named_parameters():
-            if f".{REFERENCE_ADAPTER}." in name:
-                param.requires_grad_(False)
-        copy_parameters(*self._adapter_pairs())
+        if REFERENCE_ADAPTER not in model.peft_config:  # TRL adds it itself for a PeftModel passed in with beta > 0
+            model.add_adapter(REFERENCE_ADAPTER, model.peft_config["default"])
+        trained, frozen = self._adapter_pairs()
+        for source, param in zip(trained, frozen):
+            # the trained adapter's dtype: the base's under ZeRO-3 (TRL's #6089 fix), PEFT's float32 otherwise
+            param.data = param.data.to(source.dtype)
+            param.requires_grad_(False)
+        copy_parameters(trained, frozen)
 
     def _adapter_pairs(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         named = dict(self._policy.named_parameters())
