@@ -14,9 +14,9 @@ from _equivalence import (
     parameters,
     prompts,
 )
-from _tiny import save_tiny_model
+from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 
-from trl_rpg import RPGConfig
+from trl_rpg import RPGConfig, RPGTrainer
 
 TRL_NAMES = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
              "clip_ratio/high_max", "entropy", "policy_loss", "entropy_coef")
@@ -106,3 +106,19 @@ def test_ratio_quantiles_are_nearest_rank_over_valid_tokens():
     _, empty = rpg_per_token_loss(logp, torch.zeros_like(logp), torch.zeros(1, dtype=torch.float64),
                                   torch.zeros_like(logp))
     assert torch.isnan(empty["w_p01"]) and torch.isnan(empty["w_p99"])
+
+
+def test_reward_of_the_batch_trained_on_is_logged_at_every_step(tmp_path, model_dir):
+    """With each generation batch reused for 4 optimizer steps, TRL logs `reward`, `completions/*` and `num_tokens`
+    only on the step that generated the batch; RPGTrainer logs them on every step, with the values of the batch that
+    step trained on (so reward curves are not sparse)."""
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=8, rpg_generation_reuse=4, logging_steps=1))
+    trainer = RPGTrainer(model=model_dir, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset())
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 8
+    for key in ("reward", "reward_std", "rewards/length_reward/mean", "completions/mean_length", "num_tokens"):
+        assert all(h.get(key) is not None for h in steps), key
+    for first in (0, 4):  # steps 1-4 train on the first batch, 5-8 on the second
+        assert len({steps[i]["reward"] for i in range(first, first + 4)}) == 1
+    assert steps[0]["num_tokens"] < steps[4]["num_tokens"]

@@ -8,7 +8,8 @@ dual clip an RPG run trains exactly as a GRPO run (tests/test_grpo_equivalence.p
 - `aggregate`: the `loss_type` aggregations and their gradient-accumulation normalisation;
 - `entropy_bonus`, `applied_entropy_coef`, `entropy_window`, `window_entropy`, `next_entropy_coef`: TRL's static
   and adaptive entropy bonus, whose state stays in TRL's trainer attributes (TRL checkpoints it);
-- `metric_sums` / `metrics` / `reduced_metrics`: what is logged, under `rpg/` and under TRL's own names.
+- `metric_sums` / `metrics` / `reduced_metrics`: what is logged, under `rpg/` and under TRL's own names;
+  `appended_means` / `carry_forward`: a reused batch's generation-time metrics on every step that trains on it.
 """
 
 from __future__ import annotations
@@ -181,6 +182,24 @@ def reduced_metrics(stats: dict[str, torch.Tensor], entropies: torch.Tensor, mas
     return values, float(totals[0]), float(totals[len(_WEIGHTED)])
 
 
+def appended_means(lengths_before: dict[str, int], logged: dict[str, list[float]]) -> dict[str, float]:
+    """The mean of the values each metric gained since `lengths_before` (NaN ignored, as TRL's `log` averages):
+    what one generation step logged."""
+    means = {}
+    for key, values in logged.items():
+        new = [v for v in values[lengths_before.get(key, 0):] if not math.isnan(v)]
+        if new:
+            means[key] = sum(new) / len(new)
+    return means
+
+
+def carry_forward(logged: dict[str, list[float]], batch_metrics: dict[str, float]) -> None:
+    """Give every metric of `batch_metrics` that has no value in this logging window the batch's value."""
+    for key, value in batch_metrics.items():
+        if not logged.get(key):
+            logged[key] = [value]
+
+
 def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     """max (or min) of `values` ignoring NaN; NaN when all are NaN (as TRL's nanmax/nanmin)."""
     values = values[~torch.isnan(values)]
@@ -189,6 +208,6 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-__all__ = ["EXTREMA", "Aggregation", "aggregate", "applied_entropy_coef", "combine_extrema", "entropy_bonus",
-           "entropy_window", "extremum_stats", "metric_sums", "metrics", "nan_extremum", "next_entropy_coef",
-           "reduced_metrics", "sequence_level_logps", "window_entropy"]
+__all__ = ["EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef", "carry_forward",
+           "combine_extrema", "entropy_bonus", "entropy_window", "extremum_stats", "metric_sums", "metrics",
+           "nan_extremum", "next_entropy_coef", "reduced_metrics", "sequence_level_logps", "window_entropy"]

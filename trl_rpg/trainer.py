@@ -26,7 +26,9 @@ from .config import RPGConfig, as_rpg_config, describe_objective
 from .loss import (
     Aggregation,
     aggregate,
+    appended_means,
     applied_entropy_coef,
+    carry_forward,
     entropy_bonus,
     entropy_window,
     next_entropy_coef,
@@ -94,6 +96,7 @@ class RPGTrainer(GRPOTrainer):
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = self._build_dynamic_sampler() if args.dynamic_sampling else None
         self.skipped_steps = 0
+        self._batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._scoring = ScoringTally()
         if args.rpg_reference in MOVING:
             self.add_callback(_ReferenceSchedule(self))
@@ -109,6 +112,7 @@ class RPGTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         # Override: dynamic sampling (training), the all-unscored check, and the tag of the reference version.
+        logged_before = {key: len(values) for key, values in self._metrics["train"].items()}
         if self.dynamic_sampler is not None and self.model.training:
             output, rewards = self._dynamically_sampled_batch(inputs)
         else:
@@ -126,6 +130,8 @@ class RPGTrainer(GRPOTrainer):
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
         if self.trl_computes_reference_logps:
             self.reference.tag(output)
+        if self.model.training:  # logged again at every step that trains on this batch (see `log`)
+            self._batch_metrics = appended_means(logged_before, self._metrics["train"])
         return output
 
     def _generate_and_score(self, batch):
@@ -262,6 +268,13 @@ class RPGTrainer(GRPOTrainer):
             if acc.sync_gradients:  # the last micro-batch of the optimizer step
                 values["rpg/divergence_ema"] = self.reference.end_step()
         self._log_metrics(mode, values)
+
+    def log(self, logs, start_time=None):
+        # Override: with batch reuse, a training step's log line also carries the generation-time metrics (reward,
+        # completions/*, num_tokens...) of the batch it trained on, not only the step that generated it.
+        if self.model.training and "loss" in logs:
+            carry_forward(self._metrics["train"], self._batch_metrics)
+        super().log(logs, start_time)
 
     def _log_metrics(self, mode: str, values: dict[str, float]) -> None:
         for key, value in values.items():
