@@ -493,6 +493,11 @@ def test_ddp_two_processes_train_like_grpo(ddp, initial, name):
             assert_same_parameters(grpo, rpg, initial, f"DDP rank {rank}, {name}")
         if name not in ("bf16", "reinforce"):
             assert_same_values(by_step["loss"][1], by_step["loss"][0], f"DDP rank {rank} logged loss")
+        if name in ("entropy", "adaptive_entropy"):  # GRPO logs policy_loss with an entropy bonus: the mean over
+            # processes of each process's policy loss (RPG: a sum over processes / processes, not a mean of a mean)
+            grpo_policy, rpg_policy = ({int(k): v for k, v in run["policy_loss"].items()} for run in (grpo, rpg))
+            assert len(grpo_policy) == 8
+            assert_same_values(rpg_policy, grpo_policy, f"DDP rank {rank} policy_loss")
         if name == "eval":
             assert sorted(by_step["eval_loss"][0]) == [4, 8]
             assert_same_values(by_step["eval_loss"][1], by_step["eval_loss"][0], f"DDP rank {rank} eval loss")

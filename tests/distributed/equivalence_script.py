@@ -56,6 +56,7 @@ def run_pair(spec: dict, run: dict) -> tuple[dict, int]:
         save_file(parameters(trainer), f"{spec['result']}.{run['name']}.{kind}.rank{rank}.safetensors")
         result[kind] = {"loss": logged(trainer, "loss"), "eval_loss": logged(trainer, "eval_loss"),
                         "entropy_coef": logged(trainer, "entropy_coef"),
+                        "policy_loss": logged(trainer, "policy_loss"),
                         "mixed_precision": trainer.accelerator.mixed_precision,
                         "num_processes": trainer.accelerator.num_processes,
                         "clip_frac_high": logged(trainer, "rpg/clip_frac_high"),
