@@ -250,8 +250,12 @@ def make_trainer(model, out, reward, **overrides):
 
 
 def ds_logs(trainer):
+    """The `dynamic_sampling/*` metrics of each training batch, from the log line of the batch's first optimizer step
+    (with `logging_steps=1`; the later steps that train on the same batch repeat its generation-time metrics)."""
+    steps_per_batch = trainer.args.steps_per_generation // trainer.args.gradient_accumulation_steps
     return [{k.split("/", 1)[1]: v for k, v in h.items() if k.startswith("dynamic_sampling/")}
-            for h in trainer.state.log_history if any(k.startswith("dynamic_sampling/") for k in h)]
+            for h in trainer.state.log_history
+            if any(k.startswith("dynamic_sampling/") for k in h) and (h["step"] - 1) % steps_per_batch == 0]
 
 
 def test_trained_batches_hold_only_groups_with_signal(tmp_path, model_path):
