@@ -33,7 +33,9 @@ def main(model, out):
     trainer.train()
     rank = trainer.accelerator.process_index
     params = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
-    logs = [{k: v for k, v in h.items() if k.startswith("dynamic_sampling/")} for h in trainer.state.log_history]
+    # each batch's metrics from its first step's log line (the batch's later steps repeat them)
+    logs = [{k: v for k, v in h.items() if k.startswith("dynamic_sampling/")} for h in trainer.state.log_history
+            if "step" in h and (h["step"] - 1) % 3 == 0]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world_size": trainer.accelerator.num_processes, "batches": trainer.batches,
                    "logs": [entry for entry in logs if entry], "param_sum": float(params.double().sum()),
