@@ -480,6 +480,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
 
 
 def _check_file(directory: str, relative: str, record: dict[str, Any]) -> None:
+    """A listed file is a regular file inside the folder (no symbolic link on its path), of the recorded size."""
     path = os.path.join(directory, relative)
     parts = relative.split("/")
     for depth in range(1, len(parts) + 1):
@@ -493,9 +494,6 @@ def _check_file(directory: str, relative: str, record: dict[str, Any]) -> None:
     if size != record["size"]:
         raise CheckpointError(f"{path} is {size} bytes, the checkpoint recorded {record['size']}: the file is "
                               "truncated or damaged.")
-    if file_record(path)["sha256"] != record["sha256"]:
-        raise CheckpointError(f"{path} does not match the checksum recorded in the checkpoint: the file is damaged "
-                              "or was changed after the checkpoint was written.")
 
 
 def required_files(manifest: dict[str, Any]) -> list[str]:
@@ -546,6 +544,11 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
         selected = [name for rank in ranks for name in manifest["rank_files"][rank]]
     for name in sorted(selected):
         _check_file(directory, name, files[name])
+    digests = file_records(directory, selected)  # several files at a time
+    for name in sorted(selected):
+        if digests[name]["sha256"] != files[name]["sha256"]:
+            raise CheckpointError(f"{os.path.join(directory, name)} does not match the checksum recorded in the "
+                                  "checkpoint: the file is damaged or was changed after the checkpoint was written.")
     if ranks is None:
         _check_trainer_state(directory, manifest)
     return manifest
