@@ -37,7 +37,7 @@ def make(model_path, tmp_path, reward=length_reward, dataset=None, **overrides):
         (Dataset.from_dict({"question": ["1+1"] * 8}), "no 'prompt' column"),
         (Dataset.from_dict({"prompt": ["1+1"] * 5 + ["  "] + ["2+2"] * 2}), "row 5: the prompt is empty"),
         (Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 3
-                            + [[{"role": "robot", "content": "1+1"}]]}), "row 3, message 0: role 'robot'"),
+                            + [[{"role": "", "content": "1+1"}]]}), "row 3, message 0: the role must be a non-empty"),
         (Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}], []]}), "row 1"),
         (Dataset.from_dict({"prompt": [[{"role": "user", "content": "1+1"}]] * 9
                             + [[{"role": "user", "content": None}]]}), r"row 9, message 0: 'content' is None"),

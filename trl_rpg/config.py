@@ -88,6 +88,11 @@ class RPGConfig(GRPOConfig):
         rpg_save_generation_buffer (`bool`, *optional*, defaults to `True`):
             Save the buffered generation batch in each checkpoint, so a run resumed inside a reused batch continues
             exactly (TRL otherwise regenerates it and the run diverges).
+        rpg_reward_timeout (`float` or `None`, *optional*, defaults to `None`):
+            Seconds one call of a reward function may take; a call that has not returned by then stops training with
+            a `TimeoutError` naming the function. `None` (the default, as in TRL) sets no limit: no one limit fits
+            every reward (a code sandbox or a remote judge can legitimately take minutes per batch), and with a limit
+            a synchronous function runs in a worker thread (`trl_rpg.validation.checked_reward_function`).
 
         > Parameters that control dynamic sampling (DAPO)
 
@@ -185,6 +190,11 @@ class RPGConfig(GRPOConfig):
     rpg_save_generation_buffer: bool = _field(
         True,
         "Save the buffered generation batch in checkpoints so resuming inside a reused batch is exact.",
+    )
+    rpg_reward_timeout: float | None = _field(
+        None,
+        "Seconds one reward-function call may take before training stops with a TimeoutError naming it; None (the "
+        "default, as in TRL): no limit.",
     )
 
     # ---- Dynamic sampling (DAPO) ----
