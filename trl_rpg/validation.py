@@ -2,7 +2,8 @@
 
 Data set checks (`validate_train_dataset`, `validate_dataset_size`) run before any model is loaded;
 `validate_tokenized_prompts` needs the tokenizer and runs right after it is loaded. `checked_reward_function` wraps a
-reward function so that what it returns is checked on every call, keeping its sync/async nature.
+reward function, keeping its sync/async nature: on every call it gets private copies of its inputs, an optional time
+limit, and what it returns is checked.
 """
 
 from __future__ import annotations
