@@ -281,7 +281,9 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
       set's columns, down to the messages' dicts; strings and numbers are immutable and shared), so one that edits
       them (reverses `completions` in place, rewrites a column) changes neither what the next reward function scores
       nor what TRL logs. `SHARED_REWARD_KWARGS` (the trainer state, `log_extra`, `log_metric`, the environments)
-      are passed as they are. Measured cost: about 1 ms per 512 completions of 1k-token ids and chat messages.
+      are passed as they are. Measured cost per call, 512 chat completions with their token ids: about 40 ms at 1k
+      tokens each, 150 ms at 4k (on a busy 2-core CPU; `copy.deepcopy` takes 6-8x longer), small next to generating
+      them.
     - With `timeout` (seconds; `RPGConfig.rpg_reward_timeout`), a call that has not returned by then raises
       `TimeoutError` naming the function. A synchronous function then runs in a worker thread, with the caller's
       grad mode, CUDA device and context variables; Python cannot stop a thread, so a function that never returns
