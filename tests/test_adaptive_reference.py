@@ -19,6 +19,7 @@ once per optimizer step (`test_adaptive_schedule_follows_the_moving_average`); t
 from __future__ import annotations
 
 import pytest
+import torch
 from _equivalence import FixedRPGTrainer, base_settings, logged, make_trainer, max_difference, parameters, prompts
 from _tiny import digit_reward, save_tiny_model
 
@@ -107,3 +108,34 @@ def test_resume_restores_the_moving_average_that_decides_the_next_update(uninter
         for key in keys:
             assert got[key][s] == pytest.approx(want[key][s], rel=RTOL, abs=1e-12), f"{key} at step {s} (resumed)"
     assert max_difference(parameters(resumed), parameters(full)) <= 1e-6
+
+
+class RNGNeutralEvaluation(FullLengthRPGTrainer):
+    """Evaluation that leaves the global RNG as it found it: TRL shuffles each generation batch with the global RNG,
+    which an evaluation in between would otherwise advance, so the runs with and without evaluation would train on
+    differently shuffled micro-batches."""
+
+    def evaluate(self, *args, **kwargs):
+        with torch.random.fork_rng():
+            return super().evaluate(*args, **kwargs)
+
+
+def test_evaluation_batches_do_not_feed_the_trigger(uninterrupted, model_dir, tmp_path):
+    """Evaluation between optimizer steps leaves the schedule alone: the moving average, the updates and the trained
+    parameters are those of the same run without evaluation (evaluation batches feeding the trigger would add their
+    divergence to the step's window and shift the average)."""
+    full, _ = uninterrupted
+    settings = base_settings(max_steps=STEPS, beta=0.1, eval_strategy="steps", eval_steps=2,
+                             per_device_eval_batch_size=8)
+    args = RPGConfig(output_dir=str(tmp_path), **settings, rpg_reference="adaptive", rpg_reference_kl_target=TARGET,
+                     rpg_reference_kl_decay=DECAY)
+    trainer = make_trainer(RNGNeutralEvaluation, model_dir, args, prompts(32), eval_dataset=prompts(8),
+                           reward=digit_reward)
+    trainer.train()
+    assert len(logged(trainer, "eval_loss")) == STEPS // 2
+    for key in ("rpg/divergence_ema", "rpg/reference_updates"):
+        got, want = logged(trainer, key), logged(full, key)
+        assert sorted(got) == sorted(want)
+        for step in want:
+            assert got[step] == pytest.approx(want[step], rel=RTOL, abs=1e-12), f"{key} at step {step}"
+    assert max_difference(parameters(trainer), parameters(full)) <= 1e-6
