@@ -122,3 +122,14 @@ def test_reward_of_the_batch_trained_on_is_logged_at_every_step(tmp_path, model_
     for first in (0, 4):  # steps 1-4 train on the first batch, 5-8 on the second
         assert len({steps[i]["reward"] for i in range(first, first + 4)}) == 1
     assert steps[0]["num_tokens"] < steps[4]["num_tokens"]
+
+
+def test_dynamic_sampling_events_are_logged_once_per_batch(tmp_path, model_dir):
+    """`dynamic_sampling/*` counts what one generation step did (rounds, exhausted...): it is not repeated on the
+    steps that reuse the batch, so summing it over log lines counts each batch once."""
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=8, rpg_generation_reuse=4, logging_steps=1, dynamic_sampling=True,
+                                dynamic_sampling_max_rounds=2))
+    trainer = RPGTrainer(model=model_dir, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset())
+    trainer.train()
+    with_rounds = [h["step"] for h in trainer.state.log_history if "dynamic_sampling/rounds" in h]
+    assert with_rounds == [1, 5]

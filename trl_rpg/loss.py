@@ -182,11 +182,17 @@ def reduced_metrics(stats: dict[str, torch.Tensor], entropies: torch.Tensor, mas
     return values, float(totals[0]), float(totals[len(_WEIGHTED)])
 
 
+#: Generation-time metrics that count events of the generation step itself: logged once, never carried forward.
+EVENT_METRIC_PREFIXES = ("dynamic_sampling/",)
+
+
 def appended_means(lengths_before: dict[str, int], logged: dict[str, list[float]]) -> dict[str, float]:
     """The mean of the values each metric gained since `lengths_before` (NaN ignored, as TRL's `log` averages):
-    what one generation step logged."""
+    what one generation step logged about its batch (event counts, `EVENT_METRIC_PREFIXES`, left out)."""
     means = {}
     for key, values in logged.items():
+        if key.startswith(EVENT_METRIC_PREFIXES):
+            continue
         new = [v for v in values[lengths_before.get(key, 0):] if not math.isnan(v)]
         if new:
             means[key] = sum(new) / len(new)
@@ -208,6 +214,6 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-__all__ = ["EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef", "carry_forward",
+__all__ = ["EVENT_METRIC_PREFIXES", "EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef", "carry_forward",
            "combine_extrema", "entropy_bonus", "entropy_window", "extremum_stats", "metric_sums", "metrics",
            "nan_extremum", "next_entropy_coef", "reduced_metrics", "sequence_level_logps", "window_entropy"]
