@@ -152,6 +152,10 @@ MUTATIONS = [
              "        if not isinstance(func, nn.Module):\n            continue",
              "        if True:\n            continue",
              "tests/test_training_on_nothing.py -k overflow"),
+    Mutation("learning-signal token counts not summed over processes", "trl_rpg/trainer.py",
+             '                lambda t: self.accelerator.reduce(t, reduction="sum")))',
+             "                lambda t: t))",
+             "tests/test_training_on_nothing.py -k summed"),
     Mutation("TRL's masks gate the whole per-token loss (the KL term too)", "trl_rpg/trainer.py",
              "        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old",
              "        per_token_loss = per_token_loss * (advantages != 0)\n"
