@@ -457,6 +457,26 @@ class DynamicSampler:
         self.comm = collectives
         self._streams: dict[int, PromptStream] = {}
 
+    @classmethod
+    def for_trainer(cls, trainer) -> DynamicSampler:
+        """The sampler of an `RPGTrainer`: its config, reward functions, training set (without the columns TRL
+        removes) and the accelerator's collectives."""
+        from accelerate.utils import gather_object
+        from datasets import Dataset
+
+        args, acc, dataset = trainer.args, trainer.accelerator, trainer.train_dataset
+        if args.remove_unused_columns and isinstance(dataset, Dataset):
+            dataset = trainer._remove_unused_columns(dataset, description="training")
+        return cls(
+            num_generations=trainer.num_generations, max_rounds=args.dynamic_sampling_max_rounds,
+            on_exhausted=args.dynamic_sampling_on_exhausted, metric=args.dynamic_sampling_metric,
+            reward_func_names=trainer.reward_func_names, reward_weights=trainer.reward_weights,
+            aggregation=trainer.multi_objective_aggregation, pad_token_id=trainer._pad_token_id, dataset=dataset,
+            seed=args.data_seed if args.data_seed is not None else args.seed, shuffle=trainer.shuffle_dataset,
+            collectives=Collectives(acc.num_processes, acc.process_index, acc.device, gather_object,
+                                    lambda t: acc.gather(t).sum()),
+        )
+
     def signal(self, rewards_per_func: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`group_reward_signal` on the metric's rewards."""
         if self.column is None:

@@ -214,6 +214,7 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
     return float(values.max() if largest else values.min())
 
 
-__all__ = ["EVENT_METRIC_PREFIXES", "EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef", "carry_forward",
-           "combine_extrema", "entropy_bonus", "entropy_window", "extremum_stats", "metric_sums", "metrics",
-           "nan_extremum", "next_entropy_coef", "reduced_metrics", "sequence_level_logps", "window_entropy"]
+__all__ = ["EVENT_METRIC_PREFIXES", "EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef",
+           "carry_forward", "combine_extrema", "entropy_bonus", "entropy_window", "extremum_stats", "metric_sums",
+           "metrics", "nan_extremum", "next_entropy_coef", "reduced_metrics", "sequence_level_logps",
+           "window_entropy"]

@@ -19,6 +19,20 @@ import unicodedata
 
 from huggingface_hub import metadata_load
 
+#: The paper, as TRL's model card cites it (`GRPOTrainer._paper`).
+RPG_PAPER = {
+    "title": "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning",
+    "id": "2505.17508",
+    "citation": textwrap.dedent("""\
+        @inproceedings{zhang2026rpg,
+            title        = {{On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning}},
+            author       = {Yifan Zhang and Yifeng Liu and Huizhuo Yuan and Quanquan Gu and Andrew Chi-Chih Yao},
+            booktitle    = {The Fourteenth International Conference on Learning Representations},
+            year         = 2026,
+            eprint       = {arXiv:2505.17508},
+        }"""),
+}
+
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?", re.ASCII)
 
 # Characters with a meaning in (GitHub-flavoured) Markdown inside a line; each is written backslash-escaped.

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from accelerate.utils import is_peft_model
 from torch import nn
+from transformers import TrainerCallback
 
 from . import _compat
 from .checkpoint import copy_parameters, gather_to_cpu, scatter_from_cpu
@@ -206,4 +207,16 @@ class ReferencePolicy:
         scatter_from_cpu([p for _, p in named], [tensors[n] for n, _ in named])
 
 
-__all__ = ["MOVING", "VERSION_KEY", "AdaptiveTrigger", "ReferencePolicy"]
+class ReferenceSchedule(TrainerCallback):
+    """pi_ref <- pi_theta after the optimizer steps where the "periodic" / "adaptive" schedule says so."""
+
+    def __init__(self, reference: ReferencePolicy):
+        self.reference = reference
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.reference.due(state.global_step):
+            self.reference.update()
+        return control
+
+
+__all__ = ["MOVING", "VERSION_KEY", "AdaptiveTrigger", "ReferencePolicy", "ReferenceSchedule"]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
-import textwrap
 from typing import ClassVar
 
 import torch
 from accelerate.utils import gather_object
 from torch import nn
-from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from . import _compat, checkpoint, gradient_guard, learning_signal, model_card
@@ -37,7 +35,7 @@ from .loss import (
     window_entropy,
 )
 from .objectives import rpg_per_token_loss
-from .reference import MOVING, ReferencePolicy
+from .reference import MOVING, ReferencePolicy, ReferenceSchedule
 from .rewards import check_reward_columns
 from .validation import (
     ScoringTally,
@@ -49,16 +47,6 @@ from .validation import (
 
 logger = logging.getLogger(__name__)
 
-_RPG_CITATION = textwrap.dedent("""\
-    @inproceedings{zhang2026rpg,
-        title        = {{On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning}},
-        author       = {Yifan Zhang and Yifeng Liu and Huizhuo Yuan and Quanquan Gu and Andrew Chi-Chih Yao},
-        booktitle    = {The Fourteenth International Conference on Learning Representations},
-        year         = 2026,
-        eprint       = {arXiv:2505.17508},
-    }""")
-
-
 class RPGTrainer(GRPOTrainer):
     """Trainer for Regularized Policy Gradient (RPG), a subclass of [`~trl.GRPOTrainer`] with the same arguments.
 
@@ -69,11 +57,7 @@ class RPGTrainer(GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "rpg"]
     _name = "RPG"
-    _paper: ClassVar[dict[str, str]] = {
-        "title": "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning",
-        "id": "2505.17508",
-        "citation": _RPG_CITATION,
-    }
+    _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
         args = as_rpg_config(args, model)
@@ -94,12 +78,12 @@ class RPGTrainer(GRPOTrainer):
                              for f, name in zip(self.reward_funcs, self.reward_func_names)]
         self.reference = ReferencePolicy(self, args.rpg_reference, args.rpg_reference_update_steps,
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
-        self.dynamic_sampler = self._build_dynamic_sampler() if args.dynamic_sampling else None
+        self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.skipped_steps = 0
         self._batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._scoring = ScoringTally()
         if args.rpg_reference in MOVING:
-            self.add_callback(_ReferenceSchedule(self))
+            self.add_callback(ReferenceSchedule(self.reference))
 
     @property
     def trl_computes_reference_logps(self) -> bool:
@@ -140,24 +124,6 @@ class RPGTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(batch)
         learning_signal.check_reward_model_scores(returned[-1], self.reward_funcs, self.reward_func_names)
         return output, returned[-1]
-
-    def _build_dynamic_sampler(self) -> ds.DynamicSampler:
-        dataset = self.train_dataset
-        from datasets import Dataset
-
-        if self.args.remove_unused_columns and isinstance(dataset, Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
-        acc = self.accelerator
-        return ds.DynamicSampler(
-            num_generations=self.num_generations, max_rounds=self.args.dynamic_sampling_max_rounds,
-            on_exhausted=self.args.dynamic_sampling_on_exhausted, metric=self.args.dynamic_sampling_metric,
-            reward_func_names=self.reward_func_names, reward_weights=self.reward_weights,
-            aggregation=self.multi_objective_aggregation, pad_token_id=self._pad_token_id,
-            dataset=dataset, seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-            shuffle=self.shuffle_dataset,
-            collectives=ds.Collectives(acc.num_processes, acc.process_index, acc.device, gather_object,
-                                       lambda t: acc.gather(t).sum()),
-        )
 
     def _dynamically_sampled_batch(self, inputs):
         state = self.state.stateful_callbacks.get(ds.STATE_KEY) or {}
@@ -402,18 +368,6 @@ class RPGTrainer(GRPOTrainer):
         if self.is_world_process_zero() and os.path.exists(path):
             base = getattr(self.accelerator.unwrap_model(self.model).config, "_name_or_path", None)
             model_card.complete(path, self.args, base, dataset_name, load_as=self.hub_model_id or self.args.output_dir)
-
-
-class _ReferenceSchedule(TrainerCallback):
-    """pi_ref <- pi_theta after the optimizer steps where the "periodic" / "adaptive" schedule says so."""
-
-    def __init__(self, trainer: RPGTrainer):
-        self.reference = trainer.reference
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.reference.due(state.global_step):
-            self.reference.update()
-        return control
 
 
 __all__ = ["RPGTrainer"]
