@@ -135,7 +135,7 @@ MUTATIONS = [
     Mutation("groups without reward spread count as spread", "trl_rpg/learning_signal.py",
              "        spread += int(informative.sum())",
              "        spread += informative.numel()",
-             "tests/test_learning_signal.py -k spread"),
+             "tests/test_learning_signal.py -k group_carries_signal"),
     Mutation("no warning after steps without signal", "trl_rpg/learning_signal.py",
              "            if sum(self.streak.values()) == WARN_AFTER:",
              "            if False:",
