@@ -24,7 +24,7 @@ FAST_FAILURE_S = 90
 def _env(**overrides):
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])))  # no "" (= cwd)
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}
 
@@ -131,6 +131,35 @@ def test_train_help_starts_with_the_launcher_options_then_lists_rpg_fields(tmp_p
     for fragment in fragments:
         assert fragment in text, fragment
     assert text.count("usage:") == 1  # one short usage line, not argparse's 200-line one
+    assert "--config PATH" in head and "Ignored by RPG" in text  # the in-process test below checks the layout
+
+
+def test_train_help_puts_config_and_rpg_fields_first_and_tells_rpg_defaults(capsys):
+    """`--config` is listed with the launcher options; every RPG field comes before the reward, data, model and
+    GRPO/transformers arguments; GRPO help texts that RPG makes untrue are replaced. (`trl-rpg train --help` prints
+    this text too: the subprocess test above.)"""
+    assert cli.main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    first = {}
+    for number, line in enumerate(lines):
+        flag = line.strip().split(" ", 1)[0].rstrip(",")
+        if flag.startswith("--"):
+            first.setdefault(flag, number)
+    assert first["--config"] < 30
+    from trl_rpg.config import RPGConfig
+
+    rpg = [f"--{name}" for name in RPGConfig.__dataclass_fields__ if name.startswith(("rpg_", "dynamic_sampling"))]
+    others = ("--reward_funcs", "--dataset_name", "--model_name_or_path", "--learning_rate", "--output_dir")
+    assert max(first[flag] for flag in rpg) < min(first[flag] for flag in others)
+    text = " ".join(text.split())
+    assert "RPG sets it to `rpg_generation_reuse * gradient_accumulation_steps` (4x by default" in text
+    assert "Ignored by RPG: GRPO's weighting of its k3 KL penalty" in text
+    assert "or True (also 'last'/'latest') for the newest complete checkpoint" in text
+    assert cli.main(["train", "--help"], launch=False, prog="python -m trl_rpg") == 0
+    in_process = capsys.readouterr().out
+    assert "--rpg_divergence" in in_process and "--config PATH" in in_process
+    assert "--accelerate_config" not in in_process  # no launcher there
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,18 +167,47 @@ def test_train_help_starts_with_the_launcher_options_then_lists_rpg_fields(tmp_p
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_trl_rpg_train_runs_through_accelerate_launch(tiny_setup):
+#: A module of the working directory named like a dependency: it must never be imported in place of it.
+_SHADOW = "import pathlib\npathlib.Path(__file__).with_suffix('.imported').write_text('x')\nraise ImportError('shadow')\n"
+
+
+def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny_setup):
+    """A run through the real launcher, from a folder holding `peft.py` and `datasets.py` (never imported: the
+    training process does not put the working directory first on `sys.path`); then `--resume_from_checkpoint True`
+    continues it from its newest checkpoint (not a path called 'True')."""
     root, model, data = tiny_setup
     out = root / "console"
+    cwd = root / "shadowing"
+    cwd.mkdir()
+    for name in ("peft", "datasets"):
+        (cwd / f"{name}.py").write_text(_SHADOW)
     # `--num_processes 1` is not a training argument: it must be routed to `accelerate launch`.
-    proc = _run(_console_script() + ["train", *_train_args(model, data, out), "--num_processes", "1"], cwd=root)
+    proc = _run(_console_script() + ["train", *_train_args(model, data, out), "--num_processes", "1"], cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Training completed." in proc.stdout
+    assert not list(cwd.glob("*.imported"))
     _check_run(out)
     # no launcher noise: accelerate gets the values it would otherwise announce, upstream deprecations come once
     assert "were not passed to `accelerate launch`" not in proc.stderr
     deprecations = [line for line in proc.stderr.splitlines() if "FutureWarning:" in line and "deprecated" in line]
     assert len(deprecations) == 1, deprecations
+
+    args = _train_args(model, data, out)
+    args[args.index("--max_steps") + 1] = "3"
+    resumed = _run(_console_script() + ["train", *args, "--resume_from_checkpoint", "True"], cwd=cwd)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
+    assert resumed.stdout.count("'loss':") == 1  # one step trained: steps 1-2 came from checkpoint-2
+    assert "already holds" not in resumed.stderr  # resuming: no warning about the checkpoints it resumes
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+
+
+def test_resume_argument_values():
+    for value in ("True", "true", "last", "latest", True):
+        assert cli.resume_argument(value) is True
+    for value in ("False", "None", "", None, False):
+        assert cli.resume_argument(value) is None
+    assert cli.resume_argument("out/checkpoint-4") == "out/checkpoint-4"
 
 
 def _readme_cpu_command() -> list[str]:
@@ -173,7 +231,9 @@ def test_readme_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
     assert argv[:2] == ["trl-rpg", "train"] and argv[-4:] == ["--use_cpu", "True", "--bf16", "False"]
     save_tiny_model(str(tmp_path / "my-model"))
     pd.DataFrame({"prompt": _prompts(16), "answer": _sums(16)}).to_parquet(tmp_path / "train.parquet")
-    proc = _run(_console_script() + argv[1:], cwd=tmp_path)
+    # plus a length reward: a tiny random model never solves a problem, and a run whose rewards never differ
+    # within a group (no learning signal) is refused at its end
+    proc = _run(_console_script() + argv[1:] + ["--reward_funcs", "math_reward", "_tiny.length_reward"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
     import re
@@ -218,10 +278,12 @@ def test_launcher_passes_accelerate_the_values_it_would_pick(monkeypatch, tmp_pa
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
                      "--num_processes", "2"]) == 0
     assert seen[-1].num_processes == 2 and seen[-1].multi_gpu  # the user's value wins
-    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)  # no GPU: accelerate's simple launcher, unchanged
+    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)  # no GPU: several CPU processes (DDP over gloo)
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
                      "--num_processes", "2"]) == 0
-    assert seen[-1].num_processes == 2 and not seen[-1].multi_gpu
+    assert seen[-1].num_processes == 2 and seen[-1].multi_gpu  # accelerate's simple launcher would start one
+    assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
+    assert seen[-1].num_processes == 1 and not seen[-1].multi_gpu
 
 
 def test_launcher_exits_with_the_training_process_status(tiny_setup):
@@ -233,12 +295,90 @@ def test_launcher_exits_with_the_training_process_status(tiny_setup):
         "    print('exiting_reward: the reward server is down', file=sys.stderr, flush=True)\n"
         "    sys.exit(3)\n")
     args = _train_args(model, data, root / "failing")
-    args[args.index("_tiny.length_reward")] = "exiting_reward.exiting_reward"
+    args[args.index("_tiny.length_reward")] = "exiting_reward.exiting_reward"  # a module of the working directory
+    (root / "failing" / "checkpoint-7").mkdir(parents=True)  # an earlier run's checkpoint
     proc = _run(_console_script() + ["train", *args], cwd=root)
     assert proc.returncode == 3, proc.stderr[-3000:]
     assert "CalledProcessError" not in proc.stderr and "Traceback" not in proc.stderr
     tail = [line for line in proc.stderr.splitlines() if line.strip()][-3:]
     assert any("the reward server is down" in line for line in tail), tail
+    warning = next(line for line in proc.stderr.splitlines() if "warning: --output_dir" in line)
+    assert warning.startswith("trl-rpg train: warning:") and "already holds 1 checkpoint(s) (checkpoint-7)" in warning
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned(tiny_setup, tmp_path):
+    """`--num_processes 2` without GPU starts two training processes (not one, silently); when one of them fails
+    with status 3, the launcher exits 3 (not 1)."""
+    root, model, data = tiny_setup
+    (tmp_path / "rank_reward.py").write_text(
+        "import os, pathlib, sys, time\n\n\ndef rank_reward(completions, **kwargs):\n"
+        "    rank = os.environ.get('RANK', '0')\n"
+        "    pathlib.Path(f'rank{rank}.seen').write_text(os.environ.get('WORLD_SIZE', '1'))\n"
+        "    if rank == '1':\n"
+        "        sys.exit(3)\n"
+        "    time.sleep(30)\n"
+        "    sys.exit(4)\n")
+    args = _train_args(model, data, tmp_path / "out")
+    args[args.index("_tiny.length_reward")] = "rank_reward.rank_reward"
+    args[args.index("--per_device_train_batch_size") + 1] = "4"
+    proc = _run(_console_script() + ["train", *args, "--num_processes", "2", "--main_process_port", str(_free_port())],
+                cwd=tmp_path, HF_HOME=str(tmp_path / "hf"))  # no accelerate default config of this machine
+    assert sorted(p.name for p in tmp_path.glob("rank*.seen")) == ["rank0.seen", "rank1.seen"], proc.stderr[-3000:]
+    assert (tmp_path / "rank1.seen").read_text() == "2"
+    assert proc.returncode == 3, proc.stderr[-3000:]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_killing_the_launcher_with_sigkill_ends_the_training_process(tiny_setup, tmp_path):
+    """`kill -9` of `trl-rpg train` (no chance to forward anything): the training process ends too, instead of going
+    on writing checkpoints (and holding GPUs) as an orphan."""
+    import signal
+
+    root, model, data = tiny_setup
+    (tmp_path / "pid_reward.py").write_text(
+        "import os, pathlib, time\n\n\ndef pid_reward(completions, **kwargs):\n"
+        "    pathlib.Path('child.pid').write_text(str(os.getpid()))\n"
+        "    time.sleep(300)\n"
+        "    return [0.0] * len(completions)\n")
+    args = _train_args(model, data, tmp_path / "out")
+    args[args.index("_tiny.length_reward")] = "pid_reward.pid_reward"
+    launcher = subprocess.Popen(_console_script() + ["train", *args], cwd=tmp_path, env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pid_file, child = tmp_path / "child.pid", None
+    try:
+        deadline = time.monotonic() + 240
+        while not pid_file.exists() or not pid_file.read_text():
+            assert launcher.poll() is None and time.monotonic() < deadline, "the training never called its reward"
+            time.sleep(0.5)
+        child = int(pid_file.read_text())
+        assert child != launcher.pid and not _gone(child)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _gone(child), "the training process outlived its launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -279,6 +419,39 @@ def test_missing_local_data_file_is_reported_at_once_without_asking_the_hub(tiny
     last = _refused(tiny_setup, "--dataset_name", "nope.parquet", HF_HUB_OFFLINE=None, HF_DATASETS_OFFLINE=None,
                     HF_ENDPOINT="http://127.0.0.1:9")
     assert "--dataset_name 'nope.parquet': no such file" in last
+
+
+def test_mistyped_local_model_path_is_reported_at_once(tiny_setup):
+    last = _refused(tiny_setup, "--model_name_or_path", "./my-modle")
+    assert "--model_name_or_path './my-modle': no such folder" in last and "Hub model id" in last
+
+
+def test_data_without_a_prompt_column_is_refused_naming_the_example(tiny_setup):
+    root = tiny_setup[0]
+    pd.DataFrame({"problem": ["1+1", "2+2"], "answer": ["2", "4"]}).to_parquet(root / "problems.parquet")
+    last = _refused(tiny_setup, "--dataset_name", str(root / "problems.parquet"))
+    assert "no 'prompt' column (its columns: ['problem', 'answer'])" in last and "examples/rpg_math.py" in last
+
+
+def test_resume_path_that_does_not_exist_is_reported_at_once(capsys):
+    last = _refused_in_process(capsys, "--resume_from_checkpoint", "out/checkpoint-9")
+    assert "--resume_from_checkpoint 'out/checkpoint-9': no such folder" in last
+
+
+def test_a_dotted_name_that_is_not_a_reward_function_is_refused_at_launch(tiny_setup, capsys):
+    last = _refused(tiny_setup, "--reward_funcs", "os.system")
+    assert "--reward_funcs 'os.system': does not accept **kwargs (its arguments: (command))" in last
+    for name, why in (("builtins.eval", "positional-only"), ("builtins.print", "does not accept **kwargs"),
+                      ("collections.OrderedDict", "is a class"), ("math.pi", "not callable (a float)")):
+        last = _refused_in_process(capsys, "--reward_funcs", name)
+        assert f"--reward_funcs {name!r}: " in last and why in last, last
+
+
+def test_one_process_asked_twice_is_refused_not_run_once(capsys):
+    """`--num_processes 2` with a config of one process (`distributed_type: NO`) would silently start one."""
+    last = _refused_in_process(capsys, "--accelerate_config", "single_process", "--num_processes", "2")
+    assert "--num_processes 2 with the accelerate config" in last and "would start one process" in last
+    assert "--accelerate_config multi_gpu" in last
 
 
 def test_unknown_accelerate_config_lists_the_names(tiny_setup):
@@ -365,6 +538,35 @@ def test_accelerate_config_names_and_errors(tmp_path):
     assert {"deepspeed_zero3", "single_process", "zero3"} <= set(names)
     with pytest.raises(ValueError, match=r"'no-such-config'.*'deepspeed_zero3'"):
         cli.resolve_accelerate_config(["--accelerate_config", "no-such-config"])
+
+
+def test_accelerate_configs_ship_in_the_wheel(tmp_path):
+    """Built into a wheel and installed elsewhere, `--accelerate_config deepspeed_zero3` resolves to the config
+    shipped in the package (not only in a source checkout). About 20 s: a wheel build and an import of TRL."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "accelerate_configs", src / "accelerate_configs")
+    shutil.copytree(ROOT / "trl_rpg", src / "trl_rpg", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    build = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                  str(tmp_path / "dist"), str(src)], cwd=tmp_path, timeout=300)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("trl_rpg-*.whl")
+    site = tmp_path / "site"
+    install = _run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   cwd=tmp_path, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    assert sorted(p.name for p in (site / "trl_rpg" / "accelerate_configs").glob("*.yaml")) == sorted(
+        p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import trl_rpg, trl_rpg.cli as cli; print(trl_rpg.__file__); "
+            "print(cli.resolve_accelerate_config(['--accelerate_config', 'deepspeed_zero3'])[1])")
+    proc = _run([sys.executable, "-c", code], cwd=elsewhere, timeout=300, PYTHONPATH=str(site))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    package, config = proc.stdout.split()[-2:]
+    assert Path(package).is_relative_to(site) and Path(config).is_relative_to(site / "trl_rpg" / "accelerate_configs")
 
 
 def test_launcher_argument_check():

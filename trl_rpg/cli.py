@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import inspect
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +43,17 @@ USAGE_ERROR = 2
 
 #: Environment variable through which `trl-rpg train` tells the processes it launches its command name.
 _PROG_ENV = "TRL_RPG_PROG"
+#: Environment variable through which `trl-rpg train` tells the processes it launches its own process id: each of them
+#: ends when that process ends, by any signal (`stop_with_launcher`).
+_LAUNCHER_PID_ENV = "TRL_RPG_LAUNCHER_PID"
+#: Set by `trl-rpg train` beside `PYTHONSAFEPATH=1`, so that the training process takes the variable out again (the
+#: processes it starts in turn, such as a reward function's scripts, get the ordinary `sys.path`).
+_SAFE_PATH_ENV = "TRL_RPG_SET_SAFE_PATH"
+
+#: `--resume_from_checkpoint` values that mean "the newest complete checkpoint of output_dir" (TRL's and
+#: transformers' users' habits), and those that mean "do not resume".
+RESUME_LATEST = ("true", "last", "latest")
+RESUME_NEVER = ("false", "none", "")
 
 
 @register_reward("toy_reward", columns=("answer",), help="the bundled toy arithmetic task (reads `answer`)")
@@ -138,21 +152,55 @@ def _is_import_path(name: str) -> bool:
 
 def check_reward_names(names) -> None:
     """Refuse reward-function names that are neither registered (`trl_rpg.rewards.REWARD_FUNCS`) nor dotted import
-    paths, without building or importing anything."""
+    paths to a reward function (`check_reward_callable`), before anything is launched. A dotted path is imported
+    here (the training process imports it again)."""
     for name in names or DEFAULT_REWARD_FUNCS:
-        if not _is_import_path(name) and name not in REWARD_FUNCS:
+        if _is_import_path(name):
+            _import_reward_func(name)
+        elif name not in REWARD_FUNCS:
             get_reward_func(name)  # raises the ValueError naming the registered functions and the closest one
 
 
+#: Keyword arguments TRL passes to every reward function (besides the data set's columns).
+REWARD_KEYWORDS = ("prompts", "completions", "completion_ids")
+
+
+def check_reward_callable(path: str, func) -> None:
+    """Refuse what `--reward_funcs path` resolved to unless it is a function TRL can call as a reward function:
+    `func(prompts=..., completions=..., completion_ids=..., **columns)`, so it must take keyword arguments and accept
+    any (`**kwargs`), as TRL's reward functions do. `os.system`, `builtins.eval` or a class are refused."""
+    def refuse(why: str):
+        raise ValueError(f"--reward_funcs {path!r}: {why}. A reward function takes keyword arguments "
+                         "`prompts`, `completions`, `completion_ids` and the data set's columns, and returns one "
+                         "float (or None) per completion: `def my_reward(completions, **kwargs)`.")
+
+    if inspect.isclass(func) or not callable(func):
+        refuse(f"is {'a class' if inspect.isclass(func) else f'not callable (a {type(func).__name__})'}")
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        refuse("is a callable whose arguments cannot be inspected (a built-in), not a reward function")
+    parameters = list(signature.parameters.values())
+    positional_only = [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if positional_only:
+        refuse(f"takes positional-only arguments ({', '.join(positional_only)}), not a reward function's keywords")
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        refuse(f"does not accept **kwargs (its arguments: {signature})")
+
+
 def _import_reward_func(path: str):
+    """Import `module.function`; the working directory is searched after the installed packages (appended to
+    `sys.path`, never first: a file such as `peft.py` there must not replace a dependency)."""
     module_path, func_name = path.rsplit(".", 1)
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
-        return getattr(importlib.import_module(module_path), func_name)
+        func = getattr(importlib.import_module(module_path), func_name)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"--reward_funcs {path!r}: cannot import {func_name!r} from {module_path!r} ({error}).") \
             from error
+    check_reward_callable(path, func)
+    return func
 
 
 def check_local_data_columns(script_args, max_completion_length: int) -> None:
@@ -165,7 +213,83 @@ def check_local_data_columns(script_args, max_completion_length: int) -> None:
     funcs = resolve_reward_funcs(names, max_completion_length, script_args.soft_punish_cache) if names else []
     dataset = load_training_data(script_args)
     if script_args.dataset_train_split in dataset:
-        check_reward_columns(funcs, dataset[script_args.dataset_train_split].column_names)
+        check_training_columns(funcs, dataset[script_args.dataset_train_split].column_names)
+
+
+def check_training_columns(reward_funcs, columns) -> None:
+    """The training data needs a `prompt` column (as for TRL's GRPO) and the columns its reward functions read."""
+    if columns is not None and "prompt" not in columns:
+        raise ValueError(f"The data set has no 'prompt' column (its columns: {list(columns)}). trl-rpg train, like "
+                         "`trl grpo`, trains on a 'prompt' column of strings or chat messages; for data with "
+                         "'problem' (or 'question') and 'answer' columns use examples/rpg_math.py, which wraps each "
+                         "problem in the paper's prompt, or add a 'prompt' column.")
+    check_reward_columns(reward_funcs, columns)
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether `name` is written as a local path rather than a Hub id (`org/name`): it starts with `.`, `/` or `~`,
+    holds a backslash, or has more than one `/`."""
+    return name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1
+
+
+def check_model_name(name: str | None) -> None:
+    """Refuse at once a `--model_name_or_path` written as a local path (`./my-modle`) that does not exist, rather
+    than asking the Hub for it after the data and the libraries load."""
+    if name and looks_like_local_path(name) and not Path(name).expanduser().exists():
+        raise FileNotFoundError(f"--model_name_or_path {name!r}: no such folder (looked for "
+                                f"{Path(name).expanduser().absolute()}). Give an existing local model folder or a Hub "
+                                "model id such as 'Qwen/Qwen3-1.7B'.")
+
+
+def resume_argument(value):
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: `True` for `True`/`last`/`latest` (the newest
+    complete checkpoint of `output_dir`), `None` for `False`/`None`/empty, otherwise the path given."""
+    if value is None or isinstance(value, bool):
+        return value or None
+    text = str(value).strip()
+    if text.lower() in RESUME_LATEST:
+        return True
+    if text.lower() in RESUME_NEVER:
+        return None
+    return text
+
+
+def check_resume_path(value) -> None:
+    """Refuse at once a `--resume_from_checkpoint` path that does not exist."""
+    resume = resume_argument(value)
+    if isinstance(resume, str) and not Path(resume).expanduser().is_dir():
+        raise FileNotFoundError(f"--resume_from_checkpoint {value!r}: no such folder. Give a checkpoint folder "
+                                f"(output_dir/checkpoint-N), or {'/'.join(RESUME_LATEST[:2])} for the newest complete "
+                                "checkpoint of --output_dir.")
+
+
+def existing_checkpoints(output_dir: str | None) -> list[str]:
+    """The `checkpoint-N` folders already in `output_dir`, in step order."""
+    path = Path(output_dir or "")
+    if not output_dir or not path.is_dir():
+        return []
+    found = [p for p in path.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
+             and p.name.removeprefix("checkpoint-").isdigit()]
+    return [p.name for p in sorted(found, key=lambda p: int(p.name.removeprefix("checkpoint-")))]
+
+
+def warn_if_output_dir_holds_checkpoints(prog: str, training_args) -> None:
+    """A new run (not resuming) in an `output_dir` that holds checkpoints: say so, naming them (first process only):
+    a later `--resume_from_checkpoint True` resumes the newest checkpoint there, whichever run wrote it."""
+    if resume_argument(training_args.resume_from_checkpoint) is not None or not _is_first_process():
+        return
+    names = existing_checkpoints(training_args.output_dir)
+    if names:
+        shown = ", ".join(names if len(names) <= 6 else names[:2] + ["..."] + names[-3:])
+        sys.stdout.flush()
+        print(f"{prog}: warning: --output_dir {training_args.output_dir!r} already holds {len(names)} checkpoint(s) "
+              f"({shown}) that this run does not resume; its own checkpoints go beside them, and a later "
+              "--resume_from_checkpoint True resumes the newest there. Pass --resume_from_checkpoint True to continue "
+              "that run, or choose another --output_dir.", file=sys.stderr, flush=True)
+
+
+def _is_first_process() -> bool:
+    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"
 
 
 def resolve_reward_funcs(names, max_completion_length: int, soft_punish_cache: int) -> list:
@@ -188,7 +312,26 @@ def make_train_parser(prog: str = "trl-rpg train"):
     from .config import RPGConfig
 
     usage = _TRAIN_USAGE.format(prog=prog) if prog.startswith("trl-rpg") else f"{prog} [training arguments]"
-    return TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage)
+    parser = TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage)
+    for flag, help_text in _RPG_HELP.items():  # GRPOConfig fields whose TRL help is not true under RPG
+        parser._option_string_actions[flag].help = help_text
+    return parser
+
+
+#: Help texts of `GRPOConfig` fields that RPG resolves, ignores or refuses (TRL's own text says otherwise).
+_RPG_HELP = {
+    "--steps_per_generation": "Optimizer micro-steps per generation batch. If `None` (and neither "
+                              "`generation_batch_size` nor `num_iterations > 1` is set), RPG sets it to "
+                              "`rpg_generation_reuse * gradient_accumulation_steps` (4x by default: each generation "
+                              "batch is reused for 4 optimizer steps); GRPO's default is `gradient_accumulation_steps`.",
+    "--use_bias_correction_kl": "Ignored by RPG: GRPO's weighting of its k3 KL penalty by the importance ratio; RPG's "
+                                "KL term (rpg_divergence, beta) is exact off-policy by construction.",
+    "--sync_ref_model": "Refused by RPG (TRL's reference-model sync): use --rpg_reference periodic with "
+                        "--rpg_reference_update_steps.",
+    "--delta": "Refused by RPG (GRPO's two-sided clipping): RPG bounds large ratios with --rpg_dual_clip_c.",
+    "--resume_from_checkpoint": "A checkpoint folder to resume from, or True (also 'last'/'latest') for the newest "
+                                "complete checkpoint of --output_dir.",
+}
 
 
 @dataclass
@@ -218,7 +361,9 @@ def prepare_training(script_args, training_args, model_args, dataset_args=None) 
         raise ValueError(f"The data set has no split {script_args.dataset_train_split!r} (it has {list(dataset)}); "
                          "set --dataset_train_split.")
     train_dataset = dataset[script_args.dataset_train_split]
-    check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
+    check_training_columns(reward_funcs, getattr(train_dataset, "column_names", None))
+    check_model_name(model_args.model_name_or_path)
+    check_resume_path(training_args.resume_from_checkpoint)
     eval_dataset = None
     if training_args.eval_strategy != "no":
         eval_dataset = dataset.get(script_args.dataset_test_split)
@@ -246,7 +391,7 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.accelerator.print("Training completed.")
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:
@@ -269,6 +414,7 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
         setup = prepare_training(*parsed)
     except (ValueError, FileNotFoundError) as error:
         return report_usage_error(prog, error)
+    warn_if_output_dir_holds_checkpoints(prog, parsed[1])
     train(*parsed, setup=setup)
     return 0
 
@@ -295,6 +441,12 @@ def report_usage_error(prog: str, error: BaseException) -> int:
 # Launching through accelerate (as `trl grpo` does)
 # ----------------------------------------------------------------------------------------------------------------
 
+_CONFIG_HELP = """\
+training arguments from a file:
+  --config PATH         A YAML file of training arguments (TRL's `--config`): its keys are the flags below without
+                        `--`; flags given on the command line win. Launcher options may be in it too.
+"""
+
 _LAUNCHER_HELP = """\
 usage: {usage}
 
@@ -312,8 +464,8 @@ launcher options (given to `accelerate launch`):
                         Multi-node runs.
   Any other `accelerate launch` option: `accelerate launch --help` lists them.
 
-training arguments (`RPGConfig`, `ModelConfig`, data set and reward settings):
-"""
+{config_help}
+training arguments (`RPGConfig`, `ModelConfig`, data set and reward settings), the RPG ones first:"""
 
 
 def _parser_flags(parser) -> list[str]:
@@ -378,18 +530,18 @@ def parse_launch_arguments(launch_args: list[str], training_argv: list[str]):
 def _accelerate_config_dirs() -> list[Path]:
     import trl
 
-    return [Path.cwd() / "accelerate_configs", Path(__file__).resolve().parents[1] / "accelerate_configs",
+    return [Path.cwd() / "accelerate_configs", Path(__file__).resolve().parent / "accelerate_configs",
             Path(trl.__file__).resolve().parent / "accelerate_configs"]
 
 
 def available_accelerate_configs() -> list[str]:
-    """Names `--accelerate_config` accepts: the configs of `accelerate_configs/` (in the working directory and in
-    this repository) and those shipped with TRL."""
+    """Names `--accelerate_config` accepts: the configs of `accelerate_configs/` (in the working directory and those
+    shipped in this package, `trl_rpg/accelerate_configs`) and those shipped with TRL."""
     return sorted({p.stem for d in _accelerate_config_dirs() if d.is_dir() for p in d.glob("*.yaml")})
 
 
 def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
-    """`--accelerate_config NAME_OR_PATH` -> `--config_file PATH`: a file, a config of this repository's
+    """`--accelerate_config NAME_OR_PATH` -> `--config_file PATH`: a file, a config of this package's
     `accelerate_configs/` (e.g. `deepspeed_zero3`), or one shipped with TRL (e.g. `zero3`)."""
     if "--accelerate_config" not in launch_args:
         return launch_args
@@ -423,7 +575,11 @@ def _local_device_count() -> int:
 
 def complete_launch_defaults(args) -> None:
     """Without an accelerate config file, give `accelerate launch` the values it would pick itself (one process per
-    device, at least one; one machine; no extra mixed precision; no dynamo), so it does not print a notice for each."""
+    device, at least one; one machine; no extra mixed precision; no dynamo), so it does not print a notice for each.
+
+    Several processes without an accelerate config run under accelerate's multi-process (torchrun) launcher, on GPUs
+    as accelerate does itself and also on a machine without GPU (`--num_processes 2 --use_cpu True`: DDP over gloo),
+    where `accelerate launch` alone would start one process and train on it alone."""
     from accelerate.commands.config import default_config_file
 
     if args.config_file is not None or os.path.isfile(default_config_file):
@@ -431,40 +587,149 @@ def complete_launch_defaults(args) -> None:
     devices = _local_device_count()
     if args.num_processes is None:
         args.num_processes = max(devices, 1)
-    distributed = any(getattr(args, flag, False) for flag in ("multi_gpu", "use_deepspeed", "use_fsdp", "tpu", "cpu"))
-    if args.num_processes > 1 and devices > 1 and not distributed:
-        args.multi_gpu = True  # what accelerate does for several devices, with a notice
+    if args.num_processes > 1 and not _launches_distributed(args) and devices != 1:
+        args.multi_gpu = True  # what accelerate does for several devices (with a notice); on CPU, DDP over gloo
     for name, value in (("num_machines", 1), ("mixed_precision", "no"), ("dynamo_backend", "no")):
         if getattr(args, name, None) is None:
             setattr(args, name, value)
 
 
+def _launches_distributed(args) -> bool:
+    return any(getattr(args, flag, False) for flag in ("multi_gpu", "use_deepspeed", "use_fsdp", "tpu", "cpu"))
+
+
+def check_process_count(args) -> None:
+    """Refuse a launch that would silently run fewer processes than asked: `--num_processes N > 1` with an accelerate
+    config whose `distributed_type` is `NO` (accelerate then starts one process), or with one GPU only."""
+    from accelerate.commands.config import default_config_file
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    if args.num_processes is None or args.num_processes <= 1 or _launches_distributed(args):
+        return
+    config_file = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
+    if config_file is None:
+        if _local_device_count() == 1:
+            raise ValueError(f"--num_processes {args.num_processes} on a machine with one GPU: accelerate would start "
+                             "one process. Use --num_processes 1, or --multi_gpu with --gpu_ids and devices to match.")
+        return
+    try:
+        distributed_type = str(load_config_from_file(config_file).distributed_type.value)
+    except Exception:  # an unreadable config: accelerate says why when it reads it
+        return
+    if distributed_type == "NO":
+        raise ValueError(f"--num_processes {args.num_processes} with the accelerate config {config_file} "
+                         "(distributed_type: NO) would start one process, not "
+                         f"{args.num_processes}. Use --accelerate_config multi_gpu (data parallel; on a machine without "
+                         "GPU add --use_cpu True), a DeepSpeed/FSDP config, or --multi_gpu.")
+
+
+def _exit_status(code: int | None) -> int:
+    """A child's exit status as a shell reports it: its own code, 128 + N for a death by signal N, never 0."""
+    if code is None or code == 0:
+        return 1
+    return 128 - code if code < 0 else code
+
+
 def run_accelerate_launch(args) -> int:
     """Run `accelerate launch` with parsed `args`; return the training processes' exit status (0, or the status of
-    the failed one) without a traceback of the launcher's own: the child's error stays the last thing printed."""
+    the first one that failed) without a traceback of the launcher's own: the child's error stays the last thing
+    printed."""
     from accelerate.commands.launch import launch_command
 
     try:
         launch_command(args)
     except subprocess.CalledProcessError as error:
-        return error.returncode or 1
+        return _exit_status(error.returncode)
+    except KeyboardInterrupt:  # Ctrl-C: the training processes got it too and stop
+        return 128 + signal.SIGINT
     except Exception as error:  # torchrun's ChildFailedError (several processes)
         failures = getattr(error, "failures", None)
         if not failures:
             raise
-        return next(iter(failures.values())).exitcode or 1
+        first = min(failures.values(), key=lambda failure: failure.timestamp)
+        return _exit_status(first.exitcode)
     return 0
 
 
-def print_train_help(prog: str = "trl-rpg train") -> None:
-    """`trl-rpg train --help`: the launcher options first, then every training argument."""
+def stop_with_launcher() -> None:
+    """In a process started by `trl-rpg train`: end when the launcher ends, by any signal, `kill -9` included (an
+    orphaned training process would go on writing checkpoints and holding GPUs). On Linux the kernel sends SIGTERM
+    when the launcher dies (`prctl(PR_SET_PDEATHSIG)`); elsewhere a daemon thread checks the parent every second."""
+    launcher = os.environ.pop(_LAUNCHER_PID_ENV, None)  # not for the processes this one starts
+    if not launcher or not launcher.isdigit():
+        return
+    launcher_pid = int(launcher)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) == 0:
+            if os.getppid() != launcher_pid:  # the launcher died before the call
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    def watch():
+        while True:
+            if os.getppid() != launcher_pid:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(1.0)
+
+    threading.Thread(target=watch, name="trl-rpg-launcher-watch", daemon=True).start()
+
+
+def _take_safe_path_setting() -> None:
+    """`trl-rpg train` starts this process with `PYTHONSAFEPATH=1` (the working directory is not put first on
+    `sys.path`); the processes this one starts get the ordinary setting back."""
+    if os.environ.pop(_SAFE_PATH_ENV, None):
+        os.environ.pop("PYTHONSAFEPATH", None)
+
+
+def train_help_sections(parser) -> list[tuple[str, list]]:
+    """The training arguments of `trl-rpg train --help`, grouped: RPG's own fields (and the GRPO defaults RPG changes),
+    then reward and data settings, the model, and every other training argument (GRPOConfig, TrainingArguments)."""
+    from dataclasses import fields
+
+    from trl import DatasetMixtureConfig, ModelConfig
+
+    from .config import RPGConfig
+
+    rpg = set(vars(RPGConfig).get("__annotations__", {}))
+    script = {f.name for f in fields(RPGScriptArguments)} | {f.name for f in fields(DatasetMixtureConfig)}
+    model = {f.name for f in fields(ModelConfig)}
+    sections = {"RPG (RPGConfig's own fields, and the GRPOConfig defaults it changes)": [],
+                "reward functions and data": [], "model (TRL's ModelConfig)": [],
+                "every other training argument (TRL's GRPOConfig, transformers' TrainingArguments)": []}
+    groups = list(sections.values())
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        dest = action.dest
+        groups[0 if dest in rpg else 1 if dest in script else 2 if dest in model else 3].append(action)
+    return list(sections.items())
+
+
+def print_train_help(prog: str = "trl-rpg train", launcher: bool = True) -> None:
+    """`trl-rpg train --help`: the launcher options and `--config` first, then the RPG fields, the reward and data
+    settings, the model, and every other training argument (`launcher=False`, for `python -m trl_rpg train`: no
+    launcher options)."""
     parser = make_train_parser(prog)
-    configs = textwrap.fill("An accelerate config file, or the name of one: "
-                            f"{', '.join(available_accelerate_configs())}.", width=116,
-                            initial_indent=" " * 24, subsequent_indent=" " * 24)
-    print(_LAUNCHER_HELP.format(usage=_TRAIN_USAGE.format(prog=prog), configs=configs))
-    parser.usage = argparse.SUPPRESS
-    print(parser.format_help())
+    if launcher:
+        configs = textwrap.fill("An accelerate config file, or the name of one: "
+                                f"{', '.join(available_accelerate_configs())}.", width=116,
+                                initial_indent=" " * 24, subsequent_indent=" " * 24)
+        print(_LAUNCHER_HELP.format(usage=_TRAIN_USAGE.format(prog=prog), configs=configs,
+                                    config_help=_CONFIG_HELP))
+    else:
+        print(f"usage: {prog} [training arguments]\n\nTrain with RPGTrainer in this process.\n\n"
+              f"{_CONFIG_HELP}\ntraining arguments, the RPG ones first:")
+    formatter = parser._get_formatter()
+    for title, actions in train_help_sections(parser):
+        formatter.start_section(title)
+        formatter.add_arguments(actions)
+        formatter.end_section()
+    print(formatter.format_help())
 
 
 def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
@@ -478,11 +743,15 @@ def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the training process shows them
         try:
-            script_args, parsed_args, _, dataset_args, config_remaining, cli_remaining = parser.parse_args_and_config(
-                argv, return_remaining_strings=True, separate_remaining_strings=True)
+            script_args, parsed_args, model_args, dataset_args, config_remaining, cli_remaining = (
+                parser.parse_args_and_config(
+                    argv, return_remaining_strings=True, separate_remaining_strings=True))
             check_launcher_arguments(config_remaining + cli_remaining, _parser_flags(parser))
             launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
             accelerate_args = parse_launch_arguments(launch_args, _subtract_subsequence(argv, cli_remaining))
+            check_process_count(accelerate_args)
+            check_model_name(model_args.model_name_or_path)
+            check_resume_path(parsed_args.resume_from_checkpoint)
             check_reward_names(script_args.reward_funcs)
             if not dataset_args.datasets:
                 check_dataset_name(script_args.dataset_name)
@@ -490,15 +759,21 @@ def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
         except (ValueError, FileNotFoundError) as error:
             return report_usage_error(prog, error)
     complete_launch_defaults(accelerate_args)
-    previous = os.environ.get(_PROG_ENV)
-    os.environ[_PROG_ENV] = prog  # the training processes report errors under the command the user typed
+    child_env = {_PROG_ENV: prog,  # the training processes report errors under the command the user typed
+                 _LAUNCHER_PID_ENV: str(os.getpid()),  # and end with this process (`stop_with_launcher`)
+                 "PYTHONSAFEPATH": "1"}  # `python -m trl_rpg` must not import the working directory's peft.py
+    if os.environ.get("PYTHONSAFEPATH") is None:
+        child_env[_SAFE_PATH_ENV] = "1"
+    previous = {name: os.environ.get(name) for name in child_env}
+    os.environ.update(child_env)
     try:
         return run_accelerate_launch(accelerate_args)
     finally:
-        if previous is None:
-            del os.environ[_PROG_ENV]
-        else:
-            os.environ[_PROG_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _subtract_subsequence(items: list[str], subsequence: list[str]) -> list[str]:
@@ -610,6 +885,11 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
     if command == "train":
         if launch:
             return launch_train(rest, prog=f"{prog} train")
+        _take_safe_path_setting()
+        stop_with_launcher()
+        if "-h" in rest or "--help" in rest:
+            print_train_help(f"{prog} train", launcher=False)
+            return 0
         show_upstream_warnings_once()
         return run_train(rest, prog=os.environ.get(_PROG_ENV, f"{prog} train"))
     if command == "demo":
