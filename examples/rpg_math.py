@@ -26,11 +26,14 @@
         --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh
 
 A quick local run, on CPU (`--use_cpu True --bf16 False`: like TRL's `GRPOConfig`, `RPGConfig` defaults to
-`bf16=True`, which needs a GPU; on a GPU leave both flags out):
+`bf16=True`, which needs a GPU; on a GPU leave both flags out). It checks the plumbing, not the recipe: 32-token
+completions and no dynamic sampling (a model that never solves a problem would make dynamic sampling generate its
+8 rounds for every batch and keep nothing), trained on the length penalty's spread; it prints where
+`eval_results.json` went:
 
     python examples/rpg_math.py --model_name_or_path ./my-model --dataset_name ./train.parquet --output_dir out \\
-        --max_steps 2 --num_generations 4 --max_completion_length 256 --eval_num_samples 1 --eval_max_problems 2 \\
-        --use_cpu True --bf16 False
+        --max_steps 2 --num_generations 4 --max_completion_length 32 --dynamic_sampling False \\
+        --eval_num_samples 1 --eval_max_problems 2 --use_cpu True --bf16 False
 """
 
 from __future__ import annotations
@@ -269,8 +272,10 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
             model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None)
         results["after"] = evaluate(model, tokenizer, script_args, training_args, "after")
     if state.is_main_process:
-        with open(os.path.join(training_args.output_dir, "eval_results.json"), "w") as f:
+        path = os.path.join(training_args.output_dir, "eval_results.json")
+        with open(path, "w") as f:
             json.dump(results, f, indent=2)
+        print(f"Evaluation results written to {path}")
     state.wait_for_everyone()
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)

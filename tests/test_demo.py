@@ -35,19 +35,55 @@ def _check_outputs(out, result):
 
 def test_short_demo_runs_and_writes_model_plot_and_metrics(tmp_path, capsys):
     out = tmp_path / "demo"
-    result = demo.run_demo(str(out), seed=0, max_steps=2, eval_every=1, sft_steps=5, num_eval_problems=24,
+    # 60 warm-up steps: the fewest after which some completions are right (a model that is never right gives no
+    # reward spread, and a run without learning signal is refused)
+    result = demo.run_demo(str(out), seed=0, max_steps=2, eval_every=1, sft_steps=60, num_eval_problems=24,
                            num_train_problems=128)
     printed = capsys.readouterr().out
     assert "held-out accuracy before RPG:" in printed and "held-out accuracy after RPG:" in printed
     assert "accuracy before:" in printed and "after:" in printed
     assert 0.0 <= result["accuracy_before"] <= 1.0 and 0.0 <= result["accuracy_after"] <= 1.0
-    # reward is logged when a generation batch is scored: step 1 (step 2 reuses the batch)
-    assert [step for step, _ in result["rewards"]] == [1]
+    # the reward of the batch trained on is logged at every step (step 2 reuses step 1's batch)
+    assert [step for step, _ in result["rewards"]] == [1, 2]
     assert all(0.0 <= r <= 1.0 for _, r in result["rewards"])
     assert [step for step, _ in result["accuracy"]] == [0, 1, 2]  # before, every step, after
     assert result["rpg"]["divergence"] == "urkl" and result["rpg"]["estimator"] == "reinforce"
     assert result["rpg"]["beta"] == 1e-4 and result["rpg"]["reference"] == "sampling"
     _check_outputs(out, result)
+    _check_card(out, result)
+
+
+def _check_card(out, result):
+    """The demo model's card: the toy prompt format in a quick start that runs, what the training did, and the
+    measured accuracy before and after (not TRL's generic question, an empty "Training procedure")."""
+    import contextlib
+    import io
+    import re
+
+    card = (out / "README.md").read_text()
+    assert "time machine" not in card and "8888" not in card
+    before, after = result["accuracy_before"], result["accuracy_after"]
+    assert f"**{before:.1%} before RPG, {after:.1%} after**" in card
+    procedure = card.split("## Training procedure", 1)[1].split("##", 1)[0]
+    assert "warmed up for 60 supervised steps" in procedure and "trained with `RPGTrainer` for 2 optimizer" in procedure
+    assert "each generation batch reused for 2 optimizer steps" in procedure
+    code = re.search(r"## Quick start\n\n```python\n(.*?)```", card, re.S).group(1)
+    assert "'8+7-9=?'" in code
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "quick start", "exec"), {})
+    assert re.fullmatch(r"[0-9+\-=,]*\n", printed.getvalue()), printed.getvalue()  # an answer in the toy format
+
+
+def test_curve_legend_names_both_reward_lines(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    labels = []
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda self, *a, **k: labels.append(k.get("label")) or original(self, *a, **k))
+    demo.plot_curves([(1, 0.2), (2, 0.4), (3, 0.5)], [(0, 0.1), (3, 0.6)], str(tmp_path / "c.png"))
+    assert labels[0] == "training reward (the batch of each step)" and all(labels), labels
 
 
 def test_demo_command_passes_its_options(monkeypatch, tmp_path):
@@ -70,12 +106,14 @@ def test_demo_command_passes_its_options(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 2])  # 0: the default; 2: the slowest of seeds 0-6 to rise (measured)
-def test_full_demo_raises_held_out_accuracy_clearly(tmp_path, seed):
-    """The README's claim: the default demo improves held-out accuracy by a clear margin."""
+def test_full_demo_raises_held_out_accuracy_clearly(tmp_path):
+    """The README's claim: the default demo (seed 0) improves held-out accuracy by a clear margin. The bar,
+    `demo.DEMO_MIN_GAIN` (0.07), is half the lowest gain measured on any machine and seed (+0.148; seeds 0-7 here:
+    +0.228 to +0.434): a run that does not learn gains exactly 0, and one whose objective has the wrong sign loses
+    accuracy, so either fails it; the spread between machines does not."""
     out = tmp_path / "demo"
     start = time.perf_counter()
-    result = demo.run_demo(str(out), seed=seed)
+    result = demo.run_demo(str(out), seed=0)
     elapsed = time.perf_counter() - start
     gain = result["accuracy_after"] - result["accuracy_before"]
     print(f"full demo: {result['accuracy_before']:.3f} -> {result['accuracy_after']:.3f} in {elapsed:.0f}s")

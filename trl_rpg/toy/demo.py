@@ -29,8 +29,8 @@ from transformers.trainer_callback import PrinterCallback
 
 from . import task as toy
 
-__all__ = ["DEMO_EVAL_EVERY", "DEMO_MAX_STEPS", "DEMO_MIN_GAIN", "DEMO_RL_ARGS", "demo_config_kwargs", "plot_curves",
-           "run_demo"]
+__all__ = ["DEMO_EVAL_EVERY", "DEMO_MAX_STEPS", "DEMO_MIN_GAIN", "DEMO_RL_ARGS", "complete_demo_card",
+           "demo_config_kwargs", "plot_curves", "run_demo"]
 
 #: RL optimizer steps of the default demo. Measured (seeds 0-6, held-out accuracy every 5 steps): most of the gain
 #: arrives within 15-25 steps and accuracy is flat after ~25 (up to ~40 for the slowest seed, 2); 200 steps spent
@@ -41,8 +41,13 @@ DEMO_EVAL_EVERY = 5
 #: The demo's settings on top of `toy.RECOMMENDED_RL_ARGS`: Adam at 1e-3 wrecks a warmed-up model this small within
 #: a few dozen steps (measured); 1e-4, constant, improves it steadily.
 DEMO_RL_ARGS: dict[str, Any] = dict(learning_rate=1e-4, lr_scheduler_type="constant")
-#: Smallest rise of held-out accuracy (absolute) the default demo is tested to deliver.
-DEMO_MIN_GAIN = 0.15
+#: Smallest rise of held-out accuracy (absolute) the default demo is tested to deliver. Measured gains (40 steps):
+#: seeds 0-7 on one 2-core machine +0.228 to +0.434 (mean 0.32); on another, seed 0 +0.368 and seed 2 +0.148 (the
+#: same seed gave +0.302 on the first: CPU arithmetic differs in the last bits and the runs diverge). The bar is
+#: half the lowest gain seen on any machine. What it catches: a run that does not learn gains exactly 0 (greedy
+#: evaluation of unchanged weights) and an objective of the wrong sign loses accuracy (measured: see
+#: tests/test_demo.py).
+DEMO_MIN_GAIN = 0.07
 
 # Settings of toy.RECOMMENDED_RL_ARGS that RPGConfig sets itself, to its RPG defaults: the demo keeps RPG's
 # objective (divergence, estimator, beta, clip) rather than a GRPO-flavoured override.
@@ -109,7 +114,7 @@ def plot_curves(rewards: list[tuple[int, float]], accuracy: list[tuple[int, floa
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
     if rewards:
         steps, values = [s for s, _ in rewards], [r for _, r in rewards]
-        ax.plot(steps, values, color="tab:blue", alpha=0.3, lw=1.0)
+        ax.plot(steps, values, color="tab:blue", alpha=0.3, lw=1.0, label="training reward (the batch of each step)")
         window = max(1, len(values) // 15, min(3, len(values) // 4))  # at least 3 batches once there are 12
         smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
                   for i in range(len(values))]
@@ -173,6 +178,62 @@ def run_demo(
                              num_train_problems, toy_cache_dir, rl_overrides, plot, verbose)
     finally:
         torch.set_num_threads(previous_threads)
+
+
+#: An example problem of the toy task, in its prompt format (`toy.make_dataset`), and the teacher's solution.
+CARD_EXAMPLE = ("8+7-9=?", "8+7=15,15-9=6")
+
+
+def card_quick_start(load_as: str) -> str:
+    """The model card's quick start: the toy prompt format, greedy decoding (what the accuracy measures)."""
+    problem, solution = CARD_EXAMPLE
+    return f"""```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained({load_as!r})
+tokenizer = AutoTokenizer.from_pretrained({load_as!r})
+# the toy task's prompt: a chain of single-digit additions and subtractions, as a chat message
+prompt = tokenizer.apply_chat_template([{{"role": "user", "content": {problem!r}}}], tokenize=False,
+                                       add_generation_prompt=True)
+inputs = tokenizer(prompt, return_tensors="pt", return_token_type_ids=False)
+output = model.generate(**inputs, max_new_tokens={toy.MAX_COMPLETION_LENGTH}, do_sample=False)
+print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))  # e.g. {solution}
+```"""
+
+
+def complete_demo_card(path: str, load_as: str, args, *, seed: int, n_params: int, sft_steps: int,
+                       accuracy_before: float, accuracy_after: float, num_eval_problems: int, steps: int) -> None:
+    """Make TRL's generic card (written by `RPGTrainer.create_model_card`) the card of the demo model: a quick start
+    in the toy prompt format, what the training did, and the measured held-out accuracy before and after."""
+    import re
+
+    with open(path) as f:
+        card = f.read()
+    reuse = args.steps_per_generation // args.gradient_accumulation_steps
+    procedure = (
+        f"A {n_params / 1e3:.0f}k-parameter Qwen2-architecture model with a character-level tokenizer, built on the "
+        f"spot by `trl_rpg.toy` (nothing downloaded), warmed up for {sft_steps} supervised steps on worked solutions "
+        f"(`{CARD_EXAMPLE[0]}` -> `{CARD_EXAMPLE[1]}`) by an imperfect teacher who often forgets a carry or a "
+        f"borrow, then trained with `RPGTrainer` for {steps} optimizer steps on the reward \"1 if the final answer "
+        f"is right\": estimator `{args.rpg_estimator}`, divergence `{args.rpg_divergence}`, beta {args.beta}, "
+        f"reference `{args.rpg_reference}`, {args.num_generations} completions per prompt at temperature "
+        f"{args.temperature}, each generation batch reused for {reuse} optimizer steps, learning rate "
+        f"{args.learning_rate}, seed {seed}. Made by `trl-rpg demo` (`trl_rpg.toy.run_demo`); "
+        "`curves.png` shows the training reward and the held-out accuracy over the steps.")
+    results = (
+        f"## Results\n\nHeld-out accuracy (greedy decoding, {num_eval_problems} problems never seen in training): "
+        f"**{accuracy_before:.1%} before RPG, {accuracy_after:.1%} after** "
+        f"({(accuracy_after - accuracy_before) * 100:+.1f} points).\n\n")
+    quick_start = re.compile(r"(## Quick start\n\n)```python\n.*?```", re.S)
+    card, found = quick_start.subn(lambda m: m.group(1) + card_quick_start(load_as), card, count=1)
+    if not found:
+        card += f"\n## Quick start\n\n{card_quick_start(load_as)}\n"
+    training = re.compile(r"## Training procedure\n\s*")
+    card, found = training.subn(lambda m: results + "## Training procedure\n\n" + procedure + "\n\n", card, count=1)
+    if not found:
+        card += f"\n{results}## Training procedure\n\n{procedure}\n"
+    with open(path, "w") as f:
+        f.write(card)
 
 
 @contextlib.contextmanager
@@ -255,6 +316,10 @@ def _run_demo(output_dir, seed, max_steps, eval_every, threads, sft_steps, num_e
     trainer.save_model(output_dir)
     tokenizer.save_pretrained(output_dir)
     trainer.create_model_card(model_name=os.path.basename(os.path.abspath(output_dir)), dataset_name="toy arithmetic")
+    complete_demo_card(os.path.join(output_dir, "README.md"), output_dir, args, seed=seed, n_params=n_params,
+                       sft_steps=build_kwargs.get("sft_steps", toy.DEFAULT_SFT_STEPS),
+                       accuracy_before=accuracy_before, accuracy_after=accuracy_after,
+                       num_eval_problems=len(eval_dataset), steps=trainer.state.global_step)
     plot_path = None
     if plot:
         try:
