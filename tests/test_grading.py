@@ -45,7 +45,7 @@ def test_different_units_are_different_answers():
 
 @needs_math_verify
 def test_a_decimal_is_the_exact_number_it_writes():
-    # `_exact_latex`: math-verify compares a decimal with a tolerance, so 3.141593 was pi
+    # `_exact_decimals`: math-verify compares a decimal with a tolerance, so 3.141593 was pi
     assert not is_equivalent("3.141593", "\\pi")
     assert not is_equivalent("\\pi", "3.141593")
     assert not is_equivalent("1.414214", "\\sqrt{2}")
@@ -55,6 +55,7 @@ def test_a_decimal_is_the_exact_number_it_writes():
     # an exact value still matches a symbolic reference
     assert is_equivalent("1.5", "\\frac{\\sqrt{9}}{2}") and is_equivalent("2", "\\sqrt{4}")
     assert is_equivalent("0.5", "\\frac{1}{2}")
+    assert is_equivalent("50\\%", "0.5") and is_equivalent("2.5\\%", "0.025")  # math-verify's reading of percents
 
 
 @needs_math_verify

@@ -232,6 +232,8 @@ _NUMBER_AND_UNIT_RE = re.compile(
     r"^[+-]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)\s*(?:\\(?:text|mbox|mathrm)\s*\{\s*([A-Za-z][A-Za-z .]*)\}|([A-Za-z]+))$"
 )
 _COMMAND_RE = re.compile(r"\\[A-Za-z]+")
+# A decimal number: 3.14, .5 (not 1,000.5, 1.2.3, or 2.5\% whose percent math-verify reads only on a literal)
+_DECIMAL_RE = re.compile(r"(?<![\d.,])(\d*)\.(\d+)(?![\d.]|\s*\\?%)")
 
 
 def _drop_format_characters(s: str) -> str:
@@ -482,11 +484,14 @@ def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool =
         return False  # math-verify would accept "b" for "B"
     fp, fg = _as_fraction(npred), _as_fraction(ngold)
     if fp is not None and fg is not None:
-        return fp == fg  # two exact numbers: their values decide (0.333333 is not 1/3)
+        if fp == fg:
+            return True
+        if fp.denominator == 1 and fg.denominator == 1:
+            return False  # two different integers: nothing math-verify could add (and it is the common case)
     if use_math_verify:
-        # A number is handed over as the exact rational it writes, so that 3.141593 is not \pi (math-verify would
-        # compare a decimal with a tolerance).
-        return _math_verify_equal(pred if fp is None else _exact_latex(fp), gold if fg is None else _exact_latex(fg))
+        # Decimals are handed over as the exact rationals they write, so that 3.141593 is not \pi and 0.333333 is not
+        # 1/3 (math-verify compares a decimal with a tolerance).
+        return _math_verify_equal(_exact_decimals(pred), _exact_decimals(gold))
     return False
 
 
@@ -506,12 +511,10 @@ def _differ_in_case_only(a: str, b: str) -> bool:
     return letters_a != letters_b and {c.lower() for c in letters_a} == {c.lower() for c in letters_b}
 
 
-def _exact_latex(value: Fraction) -> str:
-    """LaTeX of an exact rational: ``"3"``, ``"-\\frac{1}{2}"``."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    sign = "-" if value < 0 else ""
-    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+def _exact_decimals(answer: str) -> str:
+    """``answer`` with each decimal number written as the exact fraction it is: ``"3.14"`` -> ``"\\frac{314}{100}"``
+    (``"x=2"``, ``"1,000.5"``, ``"2.5\\%"`` are left as they are)."""
+    return _DECIMAL_RE.sub(lambda m: f"\\frac{{{int(m.group(1) + m.group(2))}}}{{{10 ** len(m.group(2))}}}", answer)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
