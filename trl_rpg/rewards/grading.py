@@ -454,10 +454,11 @@ def is_equivalent(pred: str | None, gold: str | None, *, use_math_verify: bool =
 
     1. their :func:`normalize_answer` forms are equal and non-empty;
     2. both normalise to exact rationals (integer, decimal, ``a/b``, ``\\frac{a}{b}``) with the same value (this
-       route works without ``math-verify``, and it alone decides: ``0.333333`` is not ``\\frac{1}{3}``);
+       route works without ``math-verify``; two different integers are never equivalent);
     3. ``math-verify`` (if installed and ``use_math_verify``) parses both and ``verify(gold, pred)`` is True (this
-       also accepts e.g. ``\\sqrt{2}`` == ``2^{1/2}``); a number is given to it as the exact rational it writes, so a
-       decimal is never equal to an irrational (``3.141593`` is not ``\\pi``).
+       also accepts e.g. ``\\sqrt{2}`` == ``2^{1/2}`` and ``50\\%`` == ``0.5``); each decimal is given to it as the
+       exact fraction it writes, so a decimal never equals a number it only approximates (``3.141593`` is not
+       ``\\pi``, ``0.333333`` is not ``\\frac{1}{3}``).
 
     Whatever the route, two answers are not equivalent when both are a number with a unit and the units differ
     (``5\\text{ cm}`` vs ``5\\text{ m}``; a unit on one side only is ignored), or when their letters differ only in
