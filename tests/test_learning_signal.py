@@ -199,8 +199,8 @@ MODEL = nn.Linear(1, 1)
 def test_reward_model_scores_must_be_finite_and_bounded(bad, shown):
     rewards = torch.tensor([[0.5, 1e27], [bad, 2.0], [1e15, 3.0]])  # column 1 is a reward function's: not read
     with pytest.raises(ValueError, match=rf"Reward model `rm` scored completion 1 of the batch \(of 3, all "
-                                         rf"processes\) {re.escape(shown)} \(1 scores out of bounds\); reward-model scores must "
-                                         r"be finite and at most 1e\+15 in magnitude"):
+                                         rf"processes\) {re.escape(shown)} \(1 scores out of bounds\); "
+                                         r"reward-model scores must be finite and at most 1e\+15 in magnitude"):
         check_reward_model_scores(rewards, [MODEL, reward_func], ["rm", "reward_func"])
 
 
