@@ -168,7 +168,8 @@ def test_train_help_puts_config_and_rpg_fields_first_and_tells_rpg_defaults(caps
 
 
 #: A module of the working directory named like a dependency: it must never be imported in place of it.
-_SHADOW = "import pathlib\npathlib.Path(__file__).with_suffix('.imported').write_text('x')\nraise ImportError('shadow')\n"
+_SHADOW = ("import pathlib\npathlib.Path(__file__).with_suffix('.imported').write_text('x')\n"
+           "raise ImportError('shadow')\n")
 
 
 def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny_setup):

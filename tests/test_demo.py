@@ -65,7 +65,8 @@ def _check_card(out, result):
     before, after = result["accuracy_before"], result["accuracy_after"]
     assert f"**{before:.1%} before RPG, {after:.1%} after**" in card
     procedure = card.split("## Training procedure", 1)[1].split("##", 1)[0]
-    assert "warmed up for 60 supervised steps" in procedure and "trained with `RPGTrainer` for 2 optimizer" in procedure
+    assert "warmed up for 60 supervised steps" in procedure
+    assert "trained with `RPGTrainer` for 2 optimizer steps" in procedure
     assert "each generation batch reused for 2 optimizer steps" in procedure
     code = re.search(r"## Quick start\n\n```python\n(.*?)```", card, re.S).group(1)
     assert "'8+7-9=?'" in code

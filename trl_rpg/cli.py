@@ -323,7 +323,8 @@ _RPG_HELP = {
     "--steps_per_generation": "Optimizer micro-steps per generation batch. If `None` (and neither "
                               "`generation_batch_size` nor `num_iterations > 1` is set), RPG sets it to "
                               "`rpg_generation_reuse * gradient_accumulation_steps` (4x by default: each generation "
-                              "batch is reused for 4 optimizer steps); GRPO's default is `gradient_accumulation_steps`.",
+                              "batch is reused for 4 optimizer steps); GRPO's default is "
+                              "`gradient_accumulation_steps`.",
     "--use_bias_correction_kl": "Ignored by RPG: GRPO's weighting of its k3 KL penalty by the importance ratio; RPG's "
                                 "KL term (rpg_divergence, beta) is exact off-policy by construction.",
     "--sync_ref_model": "Refused by RPG (TRL's reference-model sync): use --rpg_reference periodic with "
@@ -619,8 +620,8 @@ def check_process_count(args) -> None:
     if distributed_type == "NO":
         raise ValueError(f"--num_processes {args.num_processes} with the accelerate config {config_file} "
                          "(distributed_type: NO) would start one process, not "
-                         f"{args.num_processes}. Use --accelerate_config multi_gpu (data parallel; on a machine without "
-                         "GPU add --use_cpu True), a DeepSpeed/FSDP config, or --multi_gpu.")
+                         f"{args.num_processes}. Use --accelerate_config multi_gpu (data parallel; on a machine "
+                         "without GPU add --use_cpu True), a DeepSpeed/FSDP config, or --multi_gpu.")
 
 
 def _exit_status(code: int | None) -> int:
