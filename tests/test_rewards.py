@@ -5,7 +5,6 @@ import time
 
 import pytest
 
-from trl_rpg.rewards import grading
 from trl_rpg.rewards import (
     ANSWER_COLUMNS,
     REWARD_FUNCS,
@@ -13,6 +12,7 @@ from trl_rpg.rewards import (
     completion_to_text,
     extract_answer,
     get_reward_func,
+    grading,
     is_equivalent,
     make_overlong_punishment,
     math_reward,

@@ -10,11 +10,27 @@ No module of the package imports torch.
 """
 
 from .functions import make_overlong_punishment, math_reward
-from .grading import (ANSWER_COLUMNS, MATH_VERIFY_TIMEOUT_S, MAX_SYMBOLIC_ANSWER_CHARS, completion_to_text,
-                      extract_answer, is_equivalent, normalize_answer, reference_answer, score_answer,
-                      score_completion)
-from .registry import (REWARD_FUNCS, RewardEntry, check_reward_columns, get_reward_func, register_reward,
-                       reward_columns, reward_func_name)
+from .grading import (
+                      ANSWER_COLUMNS,
+                      MATH_VERIFY_TIMEOUT_S,
+                      MAX_SYMBOLIC_ANSWER_CHARS,
+                      completion_to_text,
+                      extract_answer,
+                      is_equivalent,
+                      normalize_answer,
+                      reference_answer,
+                      score_answer,
+                      score_completion,
+)
+from .registry import (
+                      REWARD_FUNCS,
+                      RewardEntry,
+                      check_reward_columns,
+                      get_reward_func,
+                      register_reward,
+                      reward_columns,
+                      reward_func_name,
+)
 
 __all__ = ["ANSWER_COLUMNS", "MATH_VERIFY_TIMEOUT_S", "MAX_SYMBOLIC_ANSWER_CHARS", "REWARD_FUNCS", "RewardEntry",
            "check_reward_columns", "completion_to_text", "extract_answer", "get_reward_func", "is_equivalent",

@@ -13,8 +13,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .grading import (ANSWER_COLUMNS, _reference_values, completion_to_text, extract_answer, reference_answer,
-                      score_answer)
+from .grading import (
+    ANSWER_COLUMNS,
+    _reference_values,
+    completion_to_text,
+    extract_answer,
+    reference_answer,
+    score_answer,
+)
 
 __all__ = ["make_overlong_punishment", "math_reward"]
 
