@@ -168,6 +168,28 @@ def test_an_async_reward_function_that_never_returns_is_cancelled():
     asyncio.run(call())
 
 
+def test_cancelling_the_call_cancels_the_async_reward_function():
+    cancelled = []
+
+    async def slow(completions, **kwargs):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def call():
+        outer = asyncio.ensure_future(checked_reward_function(slow, "slow")(**batch()))
+        await asyncio.sleep(0.01)
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        await asyncio.sleep(0)
+        assert cancelled == [True]  # as when TRL awaits the function itself
+
+    asyncio.run(call())
+
+
 def test_with_a_timeout_a_reward_function_runs_as_without_one():
     modes = []
 

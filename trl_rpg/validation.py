@@ -334,7 +334,11 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
                 task = asyncio.ensure_future(func(*args, **private))
             except Exception as error:
                 raise failed(error, kwargs) from error
-            done, _ = await asyncio.wait({task}, timeout=timeout)
+            try:
+                done, _ = await asyncio.wait({task}, timeout=timeout)
+            except asyncio.CancelledError:  # the caller gave up: so does the function
+                task.cancel()
+                raise
             if not done:
                 task.cancel()
                 raise timed_out(kwargs)
