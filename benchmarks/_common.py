@@ -299,12 +299,15 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     the optimizer steps done, the seconds of training (``train_s``, which includes the evaluations, ``eval_s``),
     the logged values of ``log_keys`` (names; an entry ending in "/" is a prefix) as one
     dict per log call. ``after_train(trainer)`` may return more entries for the result (e.g. what a
-    recording trainer subclass collected).
+    recording trainer subclass collected). A run that RPGTrainer finds learned nothing (``NoLearningSignal``) is a
+    result, with the reason in ``no_learning_signal`` (None otherwise).
     """
     import hashlib
 
     init_worker()
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
+
+    from trl_rpg.learning_signal import NoLearningSignal
 
     toy = toy_module(s)
     t0 = time.perf_counter()
@@ -356,9 +359,14 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
                           processing_class=tokenizer, callbacks=[Eval()])
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     t1 = time.perf_counter()
-    trainer.train()
+    try:
+        trainer.train()
+        no_signal = None
+    except NoLearningSignal as error:  # RPGTrainer's verdict on a run that learned nothing: a result, not a crash
+        no_signal = str(error)
     train_s = time.perf_counter() - t1
     result = {"accuracy": [(st, round(a, 5)) for st, a in curve], "rewards": [round(x, 5) for x in rewards],
+              "no_learning_signal": no_signal,
               "samples": samples[0], "prompt_digest": digest.hexdigest()[:16], "steps": trainer.state.global_step,
               "start": path, "train_s": round(train_s, 1), "eval_s": round(eval_s[0], 1), "logs": log_rows}
     if after_train is not None:

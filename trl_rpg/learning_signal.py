@@ -46,6 +46,8 @@ from .dynamic_sampling import group_reward_signal
 from .validation import MAX_ABS_REWARD
 
 __all__ = [
+    "NoLearningSignal",
+    "trained_on_nothing",
     "ALL_MASKED",
     "SKIPPED",
     "STATE_KEY",
@@ -59,6 +61,25 @@ __all__ = [
     "check_reward_model_scores",
     "step_cause",
 ]
+
+class NoLearningSignal(RuntimeError):
+    """`train()` finished without a single step that could change the policy by its rewards: no optimizer step,
+    no scored batch, or no step with learning signal (`trained_on_nothing`)."""
+
+
+def trained_on_nothing(global_step: int, max_steps: int, scoring, tally: SignalTally, reward_func_names,
+                       columns) -> str | None:
+    """Why a finished run trained on nothing, or None: it took no optimizer step; no training batch had a scored
+    reward (`validation.ScoringTally`); or no optimizer step carried learning signal (`SignalTally.final_error`)."""
+    if global_step == 0:
+        return ("RPGTrainer: the run took no optimizer step, so the model was trained on nothing "
+                f"(max_steps={max_steps}).")
+    if scoring.batches and not scoring.scored:
+        return (f"RPGTrainer: none of the {scoring.batches} training batches had a single scored reward (every "
+                f"reward function returned None or NaN for every completion), so the model was trained on nothing. "
+                f"Reward functions: {list(reward_func_names)}; data set columns: {columns}.")
+    return tally.final_error()
+
 
 #: Key of the tally's counts in `TrainerState.stateful_callbacks` (saved in `trainer_state.json`).
 STATE_KEY = "RPGLearningSignal"

@@ -74,14 +74,14 @@ class RPGTrainer(GRPOTrainer):
                                        chat_template=self.chat_template,
                                        chat_template_kwargs=self.chat_template_kwargs)
 
-        self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(f, name)
-                             for f, name in zip(self.reward_funcs, self.reward_func_names)]
+        self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(
+            f, name, timeout=args.rpg_reward_timeout) for f, name in zip(self.reward_funcs, self.reward_func_names)]
         self.reference = ReferencePolicy(self, args.rpg_reference, args.rpg_reference_update_steps,
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.skipped_steps = 0
         self._batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
-        self._scoring = ScoringTally()
+        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
 
@@ -271,24 +271,18 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-        # Override: resume only from a verified, complete RPG checkpoint; a run with no step or no scored batch fails.
+        # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing fails.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
             resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
         if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
             logger.warning(describe_objective(self.args))
         self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        if self.state.global_step == 0:
-            raise RuntimeError("RPGTrainer: the run took no optimizer step, so the model was trained on nothing "
-                               f"(max_steps={self.state.max_steps}).")
-        if self._scoring.batches and not self._scoring.scored:
-            raise RuntimeError(
-                f"RPGTrainer: none of the {self._scoring.batches} training batches had a single scored reward (every "
-                f"reward function returned None or NaN for every completion), so the model was trained on nothing. "
-                f"Reward functions: {list(self.reward_func_names)}; data set columns: "
-                f"{getattr(self.train_dataset, 'column_names', None)}.")
-        if self._signal.final_error():
-            raise RuntimeError(self._signal.final_error())
+        error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
+                                                   self._signal, self.reward_func_names,
+                                                   getattr(self.train_dataset, "column_names", None))
+        if error:
+            raise learning_signal.NoLearningSignal(error)
         return output
 
     def _verified_checkpoint(self, request) -> str:
