@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import use_adapter
 
@@ -111,5 +111,5 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 __all__ = [
     "CALLED", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN",
     "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "missing_internals",
-    "rotate_checkpoints", "trl_sees_beta", "use_adapter",
+    "trl_sees_beta", "use_adapter",
 ]
