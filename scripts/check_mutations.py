@@ -339,7 +339,9 @@ def run(mutation: Mutation) -> tuple[bool, str, float]:
     finally:
         path.write_text(text)
     failed = next((line for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))), "")
-    return proc.returncode != 0, failed, time.perf_counter() - start
+    if proc.returncode == 5:  # pytest ran no test (a selector that matches nothing): nothing caught the mutation
+        failed = "no test selected by " + mutation.tests
+    return proc.returncode not in (0, 5), failed, time.perf_counter() - start
 
 
 def main(argv=None) -> int:
