@@ -477,6 +477,25 @@ class DynamicSampler:
                                     lambda t: acc.gather(t).sum()),
         )
 
+    def collect_batch(self, inputs: dict, generate: Callable, saved: dict, log: Callable[[dict], None]):
+        """`collect` for the trainer: the prompt stream's state read from and written back to `saved` (the
+        trainer state's `stateful_callbacks`, so checkpoints carry it), the statistics handed to `log` under
+        `dynamic_sampling/`, and a warning when the rounds ran out. Returns `(batch, rewards of every round)`."""
+        try:
+            output, state, stats, rewards = self.collect(inputs, generate, saved.get(STATE_KEY) or {})
+        except DynamicSamplingExhausted as error:
+            saved[STATE_KEY] = error.state
+            log({f"dynamic_sampling/{k}": v for k, v in error.stats.items()})
+            raise
+        saved[STATE_KEY] = state
+        log({f"dynamic_sampling/{k}": v for k, v in stats.items() if k not in PROCESS_LOCAL_STATS})
+        if stats["exhausted"]:
+            logger.warning("Dynamic sampling: %d of %d groups kept after %d rounds (dynamic_sampling_max_rounds); "
+                           "training on them plus %d groups without reward variance.", int(stats["groups_kept"]),
+                           len(inputs) * self.comm.world_size // self.group_size, int(stats["rounds"]),
+                           int(stats["groups_trained_without_signal"]))
+        return output, rewards
+
     def signal(self, rewards_per_func: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`group_reward_signal` on the metric's rewards."""
         if self.column is None:

@@ -38,6 +38,7 @@ from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule
 from .rewards import check_reward_columns
 from .validation import (
+    UNSCORED_BATCH_WARNING,
     ScoringTally,
     checked_reward_function,
     validate_dataset_size,
@@ -95,27 +96,28 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
-        # Override: dynamic sampling (training), the all-unscored check, and the tag of the reference version.
-        logged_before = {key: len(values) for key, values in self._metrics["train"].items()}
-        if self.dynamic_sampler is not None and self.model.training:
-            output, rewards = self._dynamically_sampled_batch(inputs)
+        # Override: dynamic sampling, the scoring and learning-signal tallies (training), the reference version tag.
+        if not self.model.training:
+            output = self._generate_and_score(inputs)[0]
         else:
-            output, round_rewards = self._generate_and_score(inputs)
-            rewards = [round_rewards]
-        if self.model.training and self._scoring.add(rewards):
-            logger.warning("RPGTrainer: no reward function scored any completion of a training batch (every reward "
-                           "is None or NaN), so it carries no learning signal. Check that the data set has the "
-                           "columns your reward functions read (e.g. math_reward reads `ground_truth`, "
-                           "`reward_model` or `answer`). A run in which no batch is scored fails at the end.")
-        if self.model.training:  # what the batch offers the policy gradient, over all processes
-            self._signal.add_batch(learning_signal.batch_facts(
+            logged_before = {key: len(values) for key, values in self._metrics["train"].items()}
+            if self.dynamic_sampler is None:
+                output, rewards = self._generate_and_score(inputs)
+                rewards = [rewards]
+            else:
+                output, rewards = self.dynamic_sampler.collect_batch(
+                    inputs, self._generate_and_score, self.state.stateful_callbacks,
+                    lambda values: self._log_metrics("train", values))
+            if self._scoring.add(rewards):
+                logger.warning(UNSCORED_BATCH_WARNING)
+            self._signal.add_batch(learning_signal.batch_facts(  # what the batch offers, over all processes
                 rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
                 self.reward_weights, self.num_generations, self.multi_objective_aggregation,
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
+            # logged again at every step that trains on this batch (see `log`)
+            self._batch_metrics = appended_means(logged_before, self._metrics["train"])
         if self.trl_computes_reference_logps:
             self.reference.tag(output)
-        if self.model.training:  # logged again at every step that trains on this batch (see `log`)
-            self._batch_metrics = appended_means(logged_before, self._metrics["train"])
         return output
 
     def _generate_and_score(self, batch):
@@ -124,24 +126,6 @@ class RPGTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(batch)
         learning_signal.check_reward_model_scores(returned[-1], self.reward_funcs, self.reward_func_names)
         return output, returned[-1]
-
-    def _dynamically_sampled_batch(self, inputs):
-        state = self.state.stateful_callbacks.get(ds.STATE_KEY) or {}
-        try:
-            output, state, stats, rewards = self.dynamic_sampler.collect(inputs, self._generate_and_score, state)
-        except ds.DynamicSamplingExhausted as error:
-            self.state.stateful_callbacks[ds.STATE_KEY] = error.state
-            self._log_metrics("train", {f"dynamic_sampling/{k}": v for k, v in error.stats.items()})
-            raise
-        self.state.stateful_callbacks[ds.STATE_KEY] = state
-        self._log_metrics("train", {f"dynamic_sampling/{k}": v for k, v in stats.items()
-                                    if k not in ds.PROCESS_LOCAL_STATS})
-        if stats["exhausted"]:
-            logger.warning("Dynamic sampling: %d of %d groups kept after %d rounds (dynamic_sampling_max_rounds); "
-                           "training on them plus %d groups without reward variance.", int(stats["groups_kept"]),
-                           len(inputs) * self.accelerator.num_processes // self.num_generations,
-                           int(stats["rounds"]), int(stats["groups_trained_without_signal"]))
-        return output, rewards
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss

@@ -509,6 +509,14 @@ def _as_real(value):
     return None
 
 
+#: Logged once, at the first training batch that no reward function scored.
+UNSCORED_BATCH_WARNING = (
+    "RPGTrainer: no reward function scored any completion of a training batch (every reward is None or NaN), so it "
+    "carries no learning signal. Check that the data set has the columns your reward functions read (e.g. "
+    "math_reward reads `ground_truth`, `reward_model` or `answer`). A run in which no batch is scored fails at the "
+    "end.")
+
+
 @dataclass
 class ScoringTally:
     """Training generation batches seen in one `train()` call, and how many had at least one scored reward: a run
