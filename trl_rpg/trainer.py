@@ -3,7 +3,8 @@
 The trainer only overrides the `GRPOTrainer` / `Trainer` methods TRL calls (each says why in one line) and
 delegates: the loss to `objectives` and `loss`, the reference policy to `reference`, dynamic sampling to
 `dynamic_sampling`, checkpoints to `checkpoint`, the gradient guard to `gradient_guard`, the model card to
-`model_card`, input checks to `validation`. `_compat` lists every TRL internal used. docs/architecture.md follows
+`model_card`, input checks to `validation`, the "did this run learn anything" verdict to `learning_signal`.
+`_compat` lists every TRL internal used. docs/architecture.md follows
 one training step through them.
 """
 
