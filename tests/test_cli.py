@@ -187,6 +187,7 @@ def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "Training completed." in proc.stdout
     assert not list(cwd.glob("*.imported"))
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr  # DeepSpeed's notice, on every CPU run
     _check_run(out)
     # no launcher noise: accelerate gets the values it would otherwise announce, upstream deprecations come once
     assert "were not passed to `accelerate launch`" not in proc.stderr
@@ -201,6 +202,15 @@ def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny
     assert "already holds" not in resumed.stderr  # resuming: no warning about the checkpoints it resumes
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
+
+
+def test_python_m_trl_rpg_does_not_import_the_working_directory_first(tmp_path):
+    """`python -m trl_rpg` run by hand (or by `accelerate launch -m trl_rpg`, without `PYTHONSAFEPATH`): a `trl.py`
+    in the working directory is not imported in place of TRL."""
+    (tmp_path / "trl.py").write_text(_SHADOW)
+    proc = _run([sys.executable, "-m", "trl_rpg", "train", "--help"], cwd=tmp_path, timeout=180, PYTHONSAFEPATH=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not (tmp_path / "trl.imported").exists() and "--rpg_divergence" in proc.stdout
 
 
 def test_resume_argument_values():

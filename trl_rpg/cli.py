@@ -18,6 +18,7 @@ import argparse
 import difflib
 import importlib
 import inspect
+import logging
 import os
 import signal
 import subprocess
@@ -28,9 +29,20 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import ScriptArguments
 
-from .rewards import REWARD_FUNCS, check_reward_columns, get_reward_func, register_reward
+class _WithoutDeepSpeedCpuNotice(logging.Filter):
+    """Drops DeepSpeed's "Setting accelerator to CPU ..." line, printed on every CPU run when TRL imports DeepSpeed
+    (torch sees no GPU, so the run is on CPU anyway; `--use_cpu True` says so)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Setting accelerator to CPU")
+
+
+logging.getLogger("DeepSpeed").addFilter(_WithoutDeepSpeedCpuNotice())  # before TRL (and so DeepSpeed) is imported
+
+from trl import ScriptArguments  # noqa: E402
+
+from .rewards import REWARD_FUNCS, check_reward_columns, get_reward_func, register_reward  # noqa: E402
 
 #: File extensions of local data files and the `datasets` builder that reads them.
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
