@@ -173,14 +173,15 @@ _SHADOW = ("import pathlib\npathlib.Path(__file__).with_suffix('.imported').writ
 
 
 def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny_setup):
-    """A run through the real launcher, from a folder holding `peft.py` and `datasets.py` (never imported: the
-    training process does not put the working directory first on `sys.path`); then `--resume_from_checkpoint True`
-    continues it from its newest checkpoint (not a path called 'True')."""
+    """A run through the real launcher, from a folder holding `torch.py`, `peft.py` and `datasets.py` (never
+    imported: the training process runs with `PYTHONSAFEPATH=1`, so the working directory is not first on `sys.path`;
+    `torch` is imported before `trl_rpg.__main__` could take it off); then `--resume_from_checkpoint True` continues
+    it from its newest checkpoint (not a path called 'True')."""
     root, model, data = tiny_setup
     out = root / "console"
     cwd = root / "shadowing"
     cwd.mkdir()
-    for name in ("peft", "datasets"):
+    for name in ("torch", "peft", "datasets"):
         (cwd / f"{name}.py").write_text(_SHADOW)
     # `--num_processes 1` is not a training argument: it must be routed to `accelerate launch`.
     proc = _run(_console_script() + ["train", *_train_args(model, data, out), "--num_processes", "1"], cwd=cwd)
