@@ -394,7 +394,9 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
                 baton.done(self.name)
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs:  # logged once per generation batch: what this trainer was fed
+            # the first step of each cycle generated its batch (RPGTrainer logs the reward on every step that
+            # trains on a batch, GRPOTrainer on the generating step only): what this trainer was fed
+            if logs and "reward" in logs and (state.global_step - 1) % s.reuse == 0:
                 batches[self.name].append((round(float(logs["reward"]), 6),
                                            float(logs.get("completions/mean_length", float("nan")))))
 
