@@ -329,6 +329,15 @@ MUTATIONS = [
              "    complete_demo_card(os.path.join(",
              "    (lambda *a, **k: None)(os.path.join(",
              "tests/test_demo.py -k short_demo"),
+    Mutation("RKL regularises with FKL's weight (bandit optimum)", "trl_rpg/objectives.py",
+             "kl_weight=lambda w, log_r, rho: -w * (log_r + 1.0),",
+             "kl_weight=lambda w, log_r, rho: rho,",
+             "tests/test_bandit_optimum.py -k reinforce-rkl"),
+    Mutation("URKL's differentiable term is k2's, exact only on-policy (bandit identity with TRL)",
+             "trl_rpg/objectives.py",
+             "value=lambda w, log_r, rho: w * log_r + rho - w,",
+             "value=lambda w, log_r, rho: 0.5 * log_r**2,",
+             "tests/test_bandit_optimum.py -k trl_corrected"),
 ]
 
 

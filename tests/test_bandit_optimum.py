@@ -38,6 +38,11 @@ SEED = 0
 OWN_MAX = 0.12  # measured worst over 5 seeds x 10 methods: 0.057
 OTHER_MIN = 0.25  # measured worst: 0.361
 SAME_POLICY_ATOL = 1e-5  # measured: <= 8e-8
+#: The trainings, by name (benchmarks/bandit_optimum.py, METHODS): RPG-<estimator>-<divergence>, and GRPOTrainer's
+#: k3 without (GRPO-k3) and with (GRPO-k3-corrected) use_bias_correction_kl.
+METHODS = ["RPG-reinforce-fkl", "RPG-differentiable-fkl", "RPG-reinforce-ufkl", "RPG-differentiable-ufkl",
+           "RPG-reinforce-rkl", "RPG-differentiable-rkl", "RPG-reinforce-urkl", "RPG-differentiable-urkl",
+           "GRPO-k3", "GRPO-k3-corrected"]
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +80,11 @@ def test_optima_are_stationary_points():
         assert (grad - grad.mean(-1, keepdim=True)).abs().max() < 1e-9
 
 
-@pytest.mark.parametrize("method", list(bandit.METHODS))
+def test_every_benchmark_method_is_trained():
+    assert sorted(METHODS) == sorted(bandit.METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_trainer_reaches_its_own_optimum(trained, method):
     result = trained(method)
     own = bandit.EXPECTED_OPTIMUM[method]
