@@ -78,6 +78,15 @@ def _train_args(model, data, out):
             "--bf16", "False", "--seed", "0", "--rpg_divergence", "fkl"]
 
 
+def _args_with_local_reward(model, data, output_dir, folder, name: str, source: str) -> list[str]:
+    """`_train_args` with the reward replaced by `name` from a module `name.py` (`source`) written to `folder`, the
+    working directory of the run."""
+    (folder / f"{name}.py").write_text(source)
+    args = _train_args(model, data, output_dir)
+    args[args.index("_tiny.length_reward")] = f"{name}.{name}"
+    return args
+
+
 def _check_run(out: Path):
     checkpoint = out / "checkpoint-2"
     assert (checkpoint / "rpg_checkpoint_complete.json").exists()
@@ -302,12 +311,11 @@ def test_launcher_exits_with_the_training_process_status(tiny_setup):
     """A training process that fails: the launcher exits with its status and prints nothing after its error (no
     accelerate `CalledProcessError` traceback)."""
     root, model, data = tiny_setup
-    (root / "exiting_reward.py").write_text(
+    # a module of the working directory
+    args = _args_with_local_reward(model, data, root / "failing", root, "exiting_reward", (
         "import sys\n\n\ndef exiting_reward(completions, **kwargs):\n"
         "    print('exiting_reward: the reward server is down', file=sys.stderr, flush=True)\n"
-        "    sys.exit(3)\n")
-    args = _train_args(model, data, root / "failing")
-    args[args.index("_tiny.length_reward")] = "exiting_reward.exiting_reward"  # a module of the working directory
+        "    sys.exit(3)\n"))
     (root / "failing" / "checkpoint-7").mkdir(parents=True)  # an earlier run's checkpoint
     proc = _run(_console_script() + ["train", *args], cwd=root)
     assert proc.returncode == 3, proc.stderr[-3000:]
@@ -330,16 +338,14 @@ def test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned(tiny_s
     """`--num_processes 2` without GPU starts two training processes (not one, silently); when one of them fails
     with status 3, the launcher exits 3 (not 1)."""
     root, model, data = tiny_setup
-    (tmp_path / "rank_reward.py").write_text(
+    args = _args_with_local_reward(model, data, tmp_path / "out", tmp_path, "rank_reward", (
         "import os, pathlib, sys, time\n\n\ndef rank_reward(completions, **kwargs):\n"
         "    rank = os.environ.get('RANK', '0')\n"
         "    pathlib.Path(f'rank{rank}.seen').write_text(os.environ.get('WORLD_SIZE', '1'))\n"
         "    if rank == '1':\n"
         "        sys.exit(3)\n"
         "    time.sleep(30)\n"
-        "    sys.exit(4)\n")
-    args = _train_args(model, data, tmp_path / "out")
-    args[args.index("_tiny.length_reward")] = "rank_reward.rank_reward"
+        "    sys.exit(4)\n"))
     args[args.index("--per_device_train_batch_size") + 1] = "4"
     proc = _run(_console_script() + ["train", *args, "--num_processes", "2", "--main_process_port", str(_free_port())],
                 cwd=tmp_path, HF_HOME=str(tmp_path / "hf"))  # no accelerate default config of this machine
@@ -363,13 +369,11 @@ def test_killing_the_launcher_with_sigkill_ends_the_training_process(tiny_setup,
     import signal
 
     root, model, data = tiny_setup
-    (tmp_path / "pid_reward.py").write_text(
+    args = _args_with_local_reward(model, data, tmp_path / "out", tmp_path, "pid_reward", (
         "import os, pathlib, time\n\n\ndef pid_reward(completions, **kwargs):\n"
         "    pathlib.Path('child.pid').write_text(str(os.getpid()))\n"
         "    time.sleep(300)\n"
-        "    return [0.0] * len(completions)\n")
-    args = _train_args(model, data, tmp_path / "out")
-    args[args.index("_tiny.length_reward")] = "pid_reward.pid_reward"
+        "    return [0.0] * len(completions)\n"))
     launcher = subprocess.Popen(_console_script() + ["train", *args], cwd=tmp_path, env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pid_file, child = tmp_path / "child.pid", None

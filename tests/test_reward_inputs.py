@@ -149,15 +149,22 @@ def test_a_reward_function_that_never_returns_times_out_naming_it():
         release.set()
 
 
-def test_an_async_reward_function_that_never_returns_is_cancelled():
-    cancelled = []
+def never_returning(cancelled: list):
+    """An async reward function that waits forever and records in `cancelled` that it was cancelled."""
 
-    async def stuck(completions, **kwargs):
+    async def reward(completions, **kwargs):
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             cancelled.append(True)
             raise
+
+    return reward
+
+
+def test_an_async_reward_function_that_never_returns_is_cancelled():
+    cancelled = []
+    stuck = never_returning(cancelled)
 
     async def call():
         with pytest.raises(TimeoutError, match="Reward function `stuck` did not return within 0.2 s"):
@@ -170,13 +177,7 @@ def test_an_async_reward_function_that_never_returns_is_cancelled():
 
 def test_cancelling_the_call_cancels_the_async_reward_function():
     cancelled = []
-
-    async def slow(completions, **kwargs):
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
+    slow = never_returning(cancelled)
 
     async def call():
         outer = asyncio.ensure_future(checked_reward_function(slow, "slow")(**batch()))
