@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .objectives import DIVERGENCE_TABLE, DIVERGENCES, ESTIMATORS
+from .reward_scale import startup_note
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
@@ -370,6 +371,12 @@ _ADVANTAGE_TEXT = {"none": "reward - group mean", "group": "(reward - group mean
                    "batch": "(reward - group mean) / batch std"}
 
 
+def _scale_clause(args) -> str:
+    """The start-up line's note on an advantage not divided by the std (`reward_scale.startup_note`)."""
+    note = startup_note(args.scale_rewards, args.multi_objective_aggregation)
+    return f": {note}" if note else ""
+
+
 def describe_objective(args) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
@@ -383,7 +390,7 @@ def describe_objective(args) -> str:
             f"{args.steps_per_generation}, gradient_accumulation_steps={args.gradient_accumulation_steps}, "
             f"num_iterations={args.num_iterations}); clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
             f"advantages: {_ADVANTAGE_TEXT.get(args.scale_rewards, 'reward - group mean, scaled')} (scale_rewards="
-            f"{args.scale_rewards!r}); loss_type={args.loss_type!r}.")
+            f"{args.scale_rewards!r}{_scale_clause(args)}); loss_type={args.loss_type!r}.")
     if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
         line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
     elif args.beta == 0:

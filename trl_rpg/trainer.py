@@ -37,6 +37,7 @@ from .loss import (
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule
+from .reward_scale import RewardScaleCheck
 from .rewards import check_reward_columns
 from .validation import (
     UNSCORED_BATCH_WARNING,
@@ -84,6 +85,7 @@ class RPGTrainer(GRPOTrainer):
         self.skipped_steps = 0
         self._batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
+        self._reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
 
@@ -115,6 +117,10 @@ class RPGTrainer(GRPOTrainer):
                 rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
                 self.reward_weights, self.num_generations, self.multi_objective_aggregation,
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
+            scale_warning = self._reward_scale.add(rewards, self.reward_weights, self.num_generations,
+                                                   self.multi_objective_aggregation)  # once: rewards far from [0, 1]
+            if scale_warning and self.is_world_process_zero():
+                logger.warning(scale_warning)
             # logged again at every step that trains on this batch (see `log`)
             self._batch_metrics = appended_means(logged_before, self._metrics["train"])
         if self.trl_computes_reference_logps:
@@ -262,6 +268,7 @@ class RPGTrainer(GRPOTrainer):
         if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
             logger.warning(describe_objective(self.args))
         self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
+        self._reward_scale = RewardScaleCheck.for_args(self.args)
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
         error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
                                                    self._signal, self.reward_func_names,
