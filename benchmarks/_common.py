@@ -15,6 +15,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS_DIR = os.path.join(HERE, "results")
 CACHE_DIR = os.environ.get("TRL_RPG_BENCH_CACHE", os.path.join(HERE, ".cache"))
+#: Where `--quick` runs write by default: not `RESULTS_DIR`, whose committed files are the record (git ignores
+#: `outputs/`).
+QUICK_RESULTS_DIR = os.path.join(os.path.dirname(HERE), "outputs", "benchmarks")
+
+
+def default_results_path(name: str, quick: bool) -> str:
+    """A benchmark's default results file: `RESULTS_DIR/<name>.json` for a full run (the record, committed), and
+    `QUICK_RESULTS_DIR/<name>_quick.json` for a `--quick` one, so a smoke run never overwrites the record."""
+    if quick:
+        return os.path.join(QUICK_RESULTS_DIR, f"{name}_quick.json")
+    return os.path.join(RESULTS_DIR, f"{name}.json")
 
 
 def machine_info() -> dict:

@@ -259,7 +259,7 @@ def tables(summary: dict) -> str:
 
 
 def main(argv=None):
-    from ._common import RESULTS_DIR, machine_info, write_json
+    from ._common import default_results_path, machine_info, write_json
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 seeds")
@@ -267,13 +267,14 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")
     p.add_argument("--max-steps", type=int, help=f"optimizer steps per run (default {Settings.max_steps})")
     p.add_argument("--learning-rate", type=float, help=f"peak learning rate (default {Settings.learning_rate})")
-    p.add_argument("--output", help="JSON path (default benchmarks/results/bandit_optimum[_quick].json)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/bandit_optimum.json; --quick: "
+                                     "outputs/benchmarks/bandit_optimum_quick.json)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     overrides = {"max_steps": a.max_steps, "learning_rate": a.learning_rate}
     settings = replace(Settings(), **{k: v for k, v in overrides.items() if v is not None})
     seeds = a.seeds or ((0, 1) if a.quick else (0, 1, 2, 3, 4))
-    output = a.output or os.path.join(RESULTS_DIR, f"bandit_optimum{'_quick' if a.quick else ''}.json")
+    output = a.output or default_results_path("bandit_optimum", a.quick)
     info = machine_info()
     runs = []
     with tempfile.TemporaryDirectory() as workdir:

@@ -46,9 +46,9 @@ from dataclasses import asdict, dataclass
 
 from ._common import (
     CACHE_DIR,
-    RESULTS_DIR,
     UNDEFINED,
     ci95,
+    default_results_path,
     fmt,
     fmt_ratio,
     loadavg,
@@ -818,7 +818,8 @@ def main(argv=None):
     p.add_argument("--repetitions", type=int, help="override the number of interleaved repetitions")
     p.add_argument("--threads", type=int, help="torch threads per run on CPU (default 1)")
     p.add_argument("--rounds", type=int, help="interleaved rounds of the training-side timing (0: skip it)")
-    p.add_argument("--output", help="JSON path (default benchmarks/results/cost_<device>[_quick].json)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/cost_<device>.json; --quick: "
+                                     "outputs/benchmarks/cost_<device>_quick.json)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
@@ -844,8 +845,7 @@ def main(argv=None):
         s.threads = a.threads
     if a.rounds is not None:
         s.train_rounds = a.rounds
-    name = f"cost_{a.device}" + ("_quick" if a.quick else "")
-    json_path = a.output or os.path.join(RESULTS_DIR, f"{name}.json")
+    json_path = a.output or default_results_path(f"cost_{a.device}", a.quick)
     result = run(s)
     png = plot(result, os.path.splitext(json_path)[0] + ".png")
     result["loadavg_end"] = loadavg()

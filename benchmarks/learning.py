@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass
 
 from ._common import (
     CACHE_DIR,
-    RESULTS_DIR,
     WorkerPool,
     build_checkpoint,
     checkpoint_dir,  # noqa: F401  (part of this module's interface)
     ci95,
+    default_results_path,
     fmt,
     freeze_toy,
     init_worker,
@@ -396,7 +396,8 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")
     p.add_argument("--generation-batches", type=int, help="override the budget (generation batches)")
     p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
-    p.add_argument("--output", help="JSON path (default benchmarks/results/learning[_quick].json)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/learning.json; --quick: "
+                                     "outputs/benchmarks/learning_quick.json)")
     p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plot of a results file")
     a = p.parse_args(argv)
     if a.summarize:
@@ -425,8 +426,7 @@ def main(argv=None):
         s.generation_batches = a.generation_batches
     if a.workers:
         s.workers = a.workers
-    name = "learning_quick" if a.quick else "learning"
-    json_path = a.output or os.path.join(RESULTS_DIR, f"{name}.json")
+    json_path = a.output or default_results_path("learning", a.quick)
     result = run(s)
     png = plot(result, os.path.splitext(json_path)[0] + ".png")
     result["plot"] = os.path.relpath(png, os.path.dirname(json_path)) if png else None

@@ -37,10 +37,10 @@ from dataclasses import asdict, dataclass
 
 from ._common import (
     CACHE_DIR,
-    RESULTS_DIR,
     WorkerPool,
     build_checkpoint,
     ci95,
+    default_results_path,
     fmt,
     freeze_toy,
     init_worker,
@@ -778,7 +778,8 @@ def main(argv=None):
     p.add_argument("--stress-learning-rate", type=float, help="learning rate of the stress regime (0: none)")
     p.add_argument("--beta", type=float, help=f"KL coefficient of the KL methods (default {KL_BETA})")
     p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
-    p.add_argument("--output", help="JSON path (default benchmarks/results/offpolicy[_quick].json)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/offpolicy.json; --quick: "
+                                     "outputs/benchmarks/offpolicy_quick.json)")
     p.add_argument("--resume", metavar="JSON", help="continue a results file (same settings; --methods adds methods)")
     p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plot of a results file")
     a = p.parse_args(argv)
@@ -810,7 +811,7 @@ def main(argv=None):
                 setattr(s, name, tuple(value) if isinstance(value, list) else value)
         if a.stress_learning_rate is not None:
             s.stress_learning_rate = a.stress_learning_rate or None
-        json_path = a.output or os.path.join(RESULTS_DIR, "offpolicy_quick.json" if a.quick else "offpolicy.json")
+        json_path = a.output or default_results_path("offpolicy", a.quick)
     try:
         regimes(s)
     except ValueError as e:

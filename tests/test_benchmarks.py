@@ -319,3 +319,43 @@ def test_drift_mixin_records_log_w_of_each_training_micro_batch(tmp_path, kind):
     assert all(r["kl_weight"] is not None for r in records)  # URKL with the sampler as reference / GRPO's k3
     d = trainer.drift_summary(2, 0.2, 0.2)
     assert d["tokens"] == sum(r["log_w"].numel() for r in records) and d["kl_share"] > 0
+
+
+class _Written(Exception):
+    """Raised by the stand-in `write_json`: where a benchmark's `main` writes its results."""
+
+
+@pytest.mark.parametrize("module", ["learning", "offpolicy", "cost", "bandit_optimum"])
+def test_quick_runs_write_outside_the_committed_results(module, monkeypatch):
+    """`--quick` writes to outputs/benchmarks/ (git-ignored), never over benchmarks/results/, the committed record;
+    a full run still writes the record. The benchmark itself is stubbed out: only where `main` writes is checked."""
+    import importlib
+    import subprocess
+
+    bench = importlib.import_module(f"benchmarks.{module}")
+
+    def written(path, obj):
+        raise _Written(path)
+
+    monkeypatch.setattr(_common, "write_json", written)
+    if hasattr(bench, "write_json"):
+        monkeypatch.setattr(bench, "write_json", written)
+    if module == "bandit_optimum":
+        monkeypatch.setattr(bench, "train_policy", lambda *a: {"to_reverse": 0.0, "to_forward": 0.0,
+                                                               "cpu_seconds": 0.0})
+        monkeypatch.setattr(bench, "summarize", lambda *a: {})
+        argv = ["--methods", next(iter(bench.METHODS)), "--seeds", "0"]
+    else:
+        monkeypatch.setattr(bench, "run", lambda *a, **k: {"machine": {}})
+        monkeypatch.setattr(bench, "plot", lambda *a: None)
+        argv = []
+    paths = {}
+    for quick in (True, False):
+        with pytest.raises(_Written) as written_to:
+            bench.main(argv + (["--quick"] if quick else []))
+        paths[quick] = os.path.abspath(str(written_to.value))
+    results = os.path.abspath(_common.RESULTS_DIR)
+    assert os.path.dirname(paths[False]) == results  # the record
+    assert not paths[True].startswith(results + os.sep) and paths[True].startswith(_common.QUICK_RESULTS_DIR)
+    ignored = subprocess.run(["git", "check-ignore", "-q", paths[True]], cwd=os.path.dirname(results))
+    assert ignored.returncode == 0, f"{paths[True]} is not ignored by git"
