@@ -338,6 +338,19 @@ MUTATIONS = [
              "value=lambda w, log_r, rho: w * log_r + rho - w,",
              "value=lambda w, log_r, rho: 0.5 * log_r**2,",
              "tests/test_bandit_optimum.py -k trl_corrected"),
+    Mutation("clipped KL part against a fixed log rho (issue 27: pushes away from the reference)",
+             "trl_rpg/objectives.py",
+             "    log_r_bar = torch.where(inside, log_r, log_r.clamp(min=lower, max=upper))",
+             "    log_r_bar = log_w_bar - x.log_rho",
+             "tests/test_rpg_clip_reference.py -k never_pushes_away"),
+    Mutation("reference ratio clipped inside the trust region too", "trl_rpg/objectives.py",
+             "    log_r_bar = torch.where(inside, log_r, log_r.clamp(min=lower, max=upper))",
+             "    log_r_bar = log_r.clamp(min=lower, max=upper)",
+             "tests/test_rpg_clip_reference.py -k exact_inside"),
+    Mutation("clipped KL part keeps rho, clipping r only (unbounded)", "trl_rpg/objectives.py",
+             "    rho_bar = torch.where(inside, x.rho, (log_w_bar - log_r_bar).exp())",
+             "    rho_bar = x.rho",
+             "tests/test_rpg_clip_reference.py -k bounded"),
 ]
 
 

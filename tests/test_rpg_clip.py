@@ -35,11 +35,20 @@ def coefficient(log_w, adv, divergence, estimator="reinforce", log_rho=0.0, beta
     return -logp.grad.item(), stats
 
 
+def clip_ratio(x):
+    return min(max(x, 1 - EPS_LOW), 1 + EPS_HIGH)
+
+
 def expected_g(log_w, adv, divergence, log_rho=0.0, beta=0.5):
-    """The section 3 table, from its definition."""
+    """The section 3 table, from its definition: C_bar is C_KL inside the trust region and, outside it, C_KL at the
+    clipped pair (w_bar, r_bar), i.e. at w_bar with log rho_bar = log w_bar - log r_bar."""
     w = math.exp(log_w)
-    w_bar = min(max(w, 1 - EPS_LOW), 1 + EPS_HIGH)
-    c_bar = kl_weight(divergence, w_bar, log_rho, beta)
+    w_bar = clip_ratio(w)
+    if w_bar == w:
+        c_bar = kl_weight(divergence, w, log_rho, beta)
+    else:
+        r_bar = clip_ratio(math.exp(log_w - log_rho))
+        c_bar = kl_weight(divergence, w_bar, math.log(w_bar) - math.log(r_bar), beta)
     effective = adv + c_bar / w
     if effective >= 0:
         return 0.0 if w >= 1 + EPS_HIGH else w * adv + c_bar
@@ -60,7 +69,7 @@ def test_inside_trust_region_clip_changes_nothing(divergence, log_rho):
 
 
 @pytest.mark.parametrize("divergence", DIVERGENCES)
-@pytest.mark.parametrize("log_rho", [0.0, -0.2])
+@pytest.mark.parametrize("log_rho", [0.0, -0.2, 0.9])
 def test_reinforce_clip_follows_the_table(divergence, log_rho):
     for w in [0.3, 0.79, 0.8, 0.9, 1.2, 1.28, 1.5, 2.9, 3.0, 6.0]:
         for adv in [-2.0, -0.3, -0.05, 0.0, 0.05, 0.3, 2.0]:

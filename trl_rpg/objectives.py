@@ -132,19 +132,34 @@ def divergence_value(divergence: str, w: Tensor, log_r: Tensor, rho: Tensor) -> 
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _clipped_log_w(x: ObjectiveInputs) -> Tensor:
+def _clipped_kl_arguments(x: ObjectiveInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """The arguments ``(w_bar, log r_bar, rho_bar)`` of the clipped KL part ``C_bar = beta * kl_weight(...)``.
+
+    Every KL part is ``beta * w * h(r)`` (docs/math.md section 3). Inside the trust region (``w = w_bar``) the
+    arguments are exact: ``(w, log r, rho)``. Outside it both ratios are clipped to ``[1 - eps_low, 1 + eps_high]``:
+    ``(w_bar, log r_bar, w_bar / r_bar)``, so ``C_bar`` is bounded and, for UFKL and URKL, 0 where pi = pi_ref and of
+    the exact sign. With rho = 1, r = w and this is Remark F.2 (w -> w_bar and log w -> log w_bar).
+    """
     eps_low, eps_high, _ = x.clip
-    lower = math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf
-    return x.log_w.detach().clamp(min=lower, max=math.log1p(eps_high))
+    lower, upper = math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf, math.log1p(eps_high)
+    log_w, log_r = x.log_w.detach(), x.log_r.detach()
+    log_w_bar = log_w.clamp(min=lower, max=upper)
+    inside = log_w_bar == log_w
+    log_r_bar = torch.where(inside, log_r, log_r.clamp(min=lower, max=upper))
+    rho_bar = torch.where(inside, x.rho, (log_w_bar - log_r_bar).exp())
+    return log_w_bar.exp(), log_r_bar, rho_bar
 
 
 def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict | None]:
     """REINFORCE-style surrogate ``-SG(g) * logp`` (Proposition 4.1, Eq. F.2; with clip: Algorithm 2).
 
-    Unclipped, ``g = Weight = w * A + beta * kl_weight(w, log r)``. With RPG-Style Clip (docs/math.md section 3) the
-    KL part ``C_bar`` uses the clipped ratio ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)`` (Remark F.2), the branch
-    is on the sign of the effective advantage ``A' = A + C_bar / w``, and tokens outside the trust region get
-    ``g = 0``: ``A' >= 0, w >= 1 + eps_high``; ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``.
+    Unclipped, ``g = Weight = w * A + beta * kl_weight(w, log r, rho)``. With RPG-Style Clip (docs/math.md
+    section 3) the KL part ``C_bar`` is exact inside the trust region and, outside it, evaluated at the clipped pair
+    ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)``, ``r_bar = clip(r, 1 - eps_low, 1 + eps_high)``
+    (:func:`_clipped_kl_arguments`; with rho = 1 this is Remark F.2); the branch is on the sign of the effective
+    advantage ``A' = A + C_bar / w``, and three cells get ``g = 0``: ``A' >= 0, w >= 1 + eps_high``;
+    ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``. The other two cells outside the trust region keep
+    ``g = w * A + C_bar`` (``A' >= 0, w <= 1 - eps_low`` and ``A' < 0, 1 + eps_high <= w < c``).
     Under GSPO the reward part and the trust-region test use the sequence ratio ``s`` (``reward_w``): ``g = s * A +
     C_bar`` and ``A' = A + C_bar / s``; ``C_bar`` stays per token (docs/math.md section 4b).
     """
@@ -154,8 +169,7 @@ def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict 
         return -g * x.logp, None
 
     eps_low, eps_high, c = x.clip
-    log_w_bar = _clipped_log_w(x)
-    c_bar = x.beta * divergence.kl_weight(log_w_bar.exp(), log_w_bar - x.log_rho, x.rho)
+    c_bar = x.beta * divergence.kl_weight(*_clipped_kl_arguments(x))
     effective_adv = x.adv + c_bar / w
     positive = effective_adv >= 0
     high = positive & (w >= 1.0 + eps_high)
