@@ -44,10 +44,11 @@ class RPGConfig(GRPOConfig):
     - `loss_type="dapo"`: token-mean aggregation over the accumulated batch, as in the paper (DAPO's token-mean).
     - `rpg_reference="sampling"`: the reference is the policy that sampled each generation batch, whose log-probs
       are already stored, so no reference model is kept in memory and no extra forward pass is made.
-    - Batch reuse: unless `steps_per_generation`, `generation_batch_size` or `num_iterations` is set, each
-      generation batch is reused for `rpg_generation_reuse` (default 4) optimizer steps. With the reference equal to
-      the sampler, w = 1 on-policy and the KL gradient vanishes; the regulariser and the clip act only on reused,
-      off-policy batches (docs/math.md section 2). The paper reuses each rollout batch for 16 optimizer steps.
+    - Batch reuse: unless `steps_per_generation` or `generation_batch_size` is set or `num_iterations > 1`, each
+      generation batch is reused for `rpg_generation_reuse` (default 4) optimizer steps (`num_iterations=1`, GRPO's
+      default, keeps it). With the reference equal to the sampler, w = 1 on-policy and the KL gradient vanishes;
+      the regulariser and the clip act only on reused, off-policy batches (docs/math.md section 2). The paper reuses
+      each rollout batch for 16 optimizer steps.
 
     `use_bias_correction_kl` (GRPO's weighting of its k3 penalty by w) is ignored: RPG's KL term is exact off-policy
     by construction. Every other field keeps `GRPOConfig`'s default, including `bf16=True`: on a machine without a
@@ -185,8 +186,8 @@ class RPGConfig(GRPOConfig):
     # ---- Batch reuse and checkpoints ----
     rpg_generation_reuse: int = _field(
         4,
-        "Optimizer steps per generation batch when steps_per_generation, generation_batch_size and num_iterations are"
-        " left unset.",
+        "Optimizer steps per generation batch when steps_per_generation and generation_batch_size are left unset and "
+        "num_iterations is 1.",
     )
     rpg_save_generation_buffer: bool = _field(
         True,
@@ -232,15 +233,7 @@ class RPGConfig(GRPOConfig):
         _check_generation_batch(self)  # before TRL's own check, whose message names a number the user never set
         super().__post_init__()
         if kl_term_is_inert(self):
-            warnings.warn(
-                f"RPGConfig: beta={self.beta} regularises nothing here. With rpg_reference='sampling' the reference "
-                f"is the policy that sampled each batch, and every generation batch is used for one optimizer step "
-                f"(steps_per_generation={self.steps_per_generation} = gradient_accumulation_steps, "
-                f"num_iterations=1), so w = 1 and log(pi/ref) = 0 at every token: the KL term has zero expected "
-                f"gradient and the run trains as with beta=0. Reuse each batch (rpg_generation_reuse > 1, "
-                f"steps_per_generation > gradient_accumulation_steps or num_iterations > 1), or regularise towards a "
-                f"fixed or moving policy (rpg_reference='initial', 'periodic' or 'adaptive').", UserWarning,
-                stacklevel=3)
+            warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)
 
     def _validate_rpg(self):
         def bad(name, value, allowed):
@@ -348,15 +341,87 @@ def as_rpg_config(args, model) -> RPGConfig:
     return RPGConfig.from_grpo_config(args)
 
 
-def optimizer_steps_per_generation(args) -> int:
-    """How many optimizer steps each generation batch is used for (1: every step is on-policy)."""
-    return max(1, args.steps_per_generation // args.gradient_accumulation_steps) * args.num_iterations
+@dataclass(frozen=True)
+class BatchLayout:
+    """How TRL 1.16's `GRPOTrainer` walks its generation batches (`_prepare_inputs`), over one period of the schedule.
+
+    Micro-batch `i = 0, 1, ...` (one `training_step`) trains on slice `i % steps_per_generation` of the batch generated
+    at micro-batch `G * (i // G)`, `G = steps_per_generation * num_iterations` (each batch is consumed
+    `num_iterations` times), and an optimizer step closes every `gradient_accumulation_steps` micro-batches. A
+    micro-batch is off-policy (`w != 1` possible) when an optimizer step closed between its batch's generation and
+    itself. The pattern repeats every `lcm(G, gradient_accumulation_steps)` micro-batches.
+    """
+
+    generate_every: int  #: G, micro-batches per generation batch
+    accumulation: int  #: micro-batches per optimizer step
+    micro_batches: int  #: one period
+    off_policy: int  #: off-policy micro-batches in one period
+
+    @property
+    def optimizer_steps_per_generation(self) -> int | None:
+        """Optimizer steps each generation batch is trained on, when every batch spans whole steps (else None)."""
+        return self.generate_every // self.accumulation if self.generate_every % self.accumulation == 0 else None
+
+    def describe(self, args) -> str:
+        fields = (f"steps_per_generation={args.steps_per_generation}, num_iterations={args.num_iterations}, "
+                  f"gradient_accumulation_steps={args.gradient_accumulation_steps}")
+        steps = self.optimizer_steps_per_generation
+        if steps is not None:
+            use = f"each generation batch used for {steps} optimizer step(s)"
+        elif self.accumulation % self.generate_every == 0:
+            use = (f"each optimizer step trains on {self.accumulation // self.generate_every} whole generation "
+                   "batches")
+        else:
+            use = (f"a generation batch every {self.generate_every} micro-batches, an optimizer step every "
+                   f"{self.accumulation}")
+        if self.off_policy == 0:
+            policy = "every micro-batch on-policy"
+        else:
+            policy = f"{self.off_policy} of every {self.micro_batches} micro-batches off-policy"
+        return f"{use}, {policy} ({fields})"
+
+
+def batch_layout(args) -> BatchLayout:
+    """The `BatchLayout` of a resolved config (after `GRPOConfig.__post_init__`)."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    accumulation = args.gradient_accumulation_steps
+    period = math.lcm(generate_every, accumulation)
+    off = sum(i // accumulation != (i - i % generate_every) // accumulation for i in range(period))
+    return BatchLayout(generate_every, accumulation, period, off)
+
+
+def inert_kl_reason(args) -> str | None:
+    """Why the KL term has zero expected gradient by construction (None when it can act): `beta > 0` and
+    `log(pi/ref) = 0` at every token, because the reference is the sampler and every micro-batch is on-policy
+    (`w = 1`), or because the reference is refreshed to the policy after every optimizer step (docs/math.md sec. 2)."""
+    if args.beta <= 0:
+        return None
+    if args.rpg_reference == "sampling" and batch_layout(args).off_policy == 0:
+        return ("With rpg_reference='sampling' the reference is the policy that sampled each batch, and no optimizer "
+                f"step falls between a batch's generation and its use ({batch_layout(args).describe(args)}), so w = 1")
+    if args.rpg_reference == "periodic" and args.rpg_reference_update_steps == 1:
+        return ("With rpg_reference='periodic' and rpg_reference_update_steps=1 the reference is refreshed to the "
+                "policy after every optimizer step, so pi = pi_ref at every micro-batch")
+    return None
 
 
 def kl_term_is_inert(args) -> bool:
-    """True when the KL term has zero expected gradient by construction: `beta > 0`, the reference is the sampler
-    and every generation batch is used for one optimizer step, so `w = 1` and `log r = 0` (docs/math.md sec. 2)."""
-    return args.beta > 0 and args.rpg_reference == "sampling" and optimizer_steps_per_generation(args) == 1
+    """True when the KL term has zero expected gradient by construction (`inert_kl_reason`)."""
+    return inert_kl_reason(args) is not None
+
+
+def inert_kl_warning(args) -> str:
+    """The construction warning for a KL term that is inert by construction (`inert_kl_reason`)."""
+    exact = args.rpg_divergence in ("ufkl", "urkl")
+    effect = ("the KL part of every token's gradient is 0 and the run trains exactly as with beta=0" if exact else
+              f"the KL part of every token's gradient is +-beta*w, whose mean under the sampler is 0 (with "
+              f"rpg_divergence={args.rpg_divergence!r} and the REINFORCE clip, +-beta*w_bar outside the trust region), "
+              "so the run trains as with beta=0 in expectation")
+    return (f"RPGConfig: beta={args.beta} regularises nothing here. {inert_kl_reason(args)} and log(pi/ref) = 0 at "
+            f"every token: {effect}. Reuse each batch for several optimizer steps (rpg_generation_reuse > 1, "
+            "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
+            "or regularise towards a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with "
+            "rpg_reference_update_steps > 1, or 'adaptive').")
 
 
 _REFERENCE_TEXT = {
