@@ -74,15 +74,14 @@ def test_rpg_defaults_follow_the_paper(tmp_path):
 def test_batch_reuse_is_4_unless_the_layout_is_set_or_num_iterations_is_above_1(tmp_path):
     """The rule the README and the field's help state: `num_iterations=1` (GRPO's default, even set explicitly)
     keeps the reuse of 4; `num_iterations > 1`, `steps_per_generation` or `generation_batch_size` replaces it."""
-    from trl_rpg.config import optimizer_steps_per_generation
 
-    def reuse(**settings):
-        return optimizer_steps_per_generation(RPGConfig(**cpu_args(tmp_path, gradient_accumulation_steps=2,
-                                                                   **settings)))
+    def steps_per_generation(**settings):
+        return RPGConfig(**cpu_args(tmp_path, gradient_accumulation_steps=2, **settings)).steps_per_generation
 
-    assert reuse() == reuse(num_iterations=1) == 4
-    assert reuse(num_iterations=3) == 3  # TRL's default layout, each batch iterated 3 times
-    assert reuse(steps_per_generation=2) == 1 and reuse(generation_batch_size=32) == 2
+    assert steps_per_generation() == steps_per_generation(num_iterations=1) == 4 * 2
+    assert steps_per_generation(num_iterations=3) == 2  # TRL's default layout, each batch iterated 3 times
+    assert steps_per_generation(steps_per_generation=2) == 2
+    assert steps_per_generation(generation_batch_size=32) == 32 // 8  # per_device_train_batch_size 8
     help_text = RPGConfig.__dataclass_fields__["rpg_generation_reuse"].metadata["help"]
     assert "num_iterations is 1" in help_text
     readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
