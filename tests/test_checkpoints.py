@@ -424,12 +424,12 @@ def test_a_full_disk_in_the_second_save_keeps_the_first_checkpoint(model_path, t
 
 
 def test_torch_s_disk_full_error_is_explained(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 0)
+    monkeypatch.setattr(ckpt.files, "_free_bytes", lambda path: 0)
     with pytest.raises(ckpt.CheckpointDiskFull, match=r"disk holding .*checkpoint-6 is full \(0 bytes free\).*"
                                                       "unexpected pos 64 vs 0"):
         with ckpt.explain_disk_full(str(tmp_path / "checkpoint-6")):
             raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 64 vs 0")
-    monkeypatch.setattr(ckpt, "_free_bytes", lambda path: 1 << 40)
+    monkeypatch.setattr(ckpt.files, "_free_bytes", lambda path: 1 << 40)
     with pytest.raises(RuntimeError, match="^other$"):  # not a full disk: unchanged
         with ckpt.explain_disk_full(str(tmp_path)):
             raise RuntimeError("other")

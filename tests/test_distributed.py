@@ -53,7 +53,7 @@ DOCS = ROOT / "docs" / "distributed.md"
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6  # per-step loss, distributed vs single process (measured: < 1e-7)
 PROBE_ATOL = 1e-5  # log-probs of the probe sequence (measured: < 5e-7)
 LAUNCH_TIMEOUT = 600
-# Under ZeRO-3 the trainer gathers parameters a bounded group at a time (trl_rpg.checkpoint.ZERO3_GATHER_NUMEL
+# Under ZeRO-3 the trainer gathers parameters a bounded group at a time (trl_rpg.reference.ZERO3_GATHER_NUMEL
 # elements); the tiny model's largest parameter has 2048, so with 3000 reference updates, checkpoints and restores
 # go through many groups.
 ZERO3_GATHER_NUMEL = 3000

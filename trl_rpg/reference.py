@@ -8,7 +8,9 @@
 - `"periodic"` / `"adaptive"`: pi_ref <- pi_theta every `rpg_reference_update_steps` optimizer steps, or when the
   moving average of the per-step divergence exceeds `rpg_reference_kl_target`. The copy lives in TRL's reference
   model (full fine-tuning) or in a frozen copy of the LoRA adapter named "ref" (PEFT: TRL's `sync_ref_model`
-  refuses PEFT). Under ZeRO-3 the copy is made from gathered parameters a bounded group at a time.
+  refuses PEFT). Under ZeRO-3 the copy is made from gathered parameters a bounded group at a time
+  (`copy_parameters`, `gather_to_cpu`, `scatter_from_cpu` at the end of this module: at most `ZERO3_GATHER_NUMEL`
+  elements at once, for the update, the checkpoint snapshot and its restore).
 
 Every update bumps `version`. Generation batches are tagged with the version their reference log-probs were
 computed with; a batch reused after an update recomputes them, once.
@@ -16,6 +18,8 @@ computed with; a batch reused after an update recomputes them, once.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +28,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from . import _compat
-from .checkpoint import copy_parameters, gather_to_cpu, scatter_from_cpu
+from .checkpoint.layout import CheckpointError
 
 #: Schedules whose reference moves during training (and is saved in checkpoints).
 MOVING = ("periodic", "adaptive")
@@ -199,8 +203,6 @@ class ReferencePolicy:
         named = self.named_parameters()
         missing = [n for n, _ in named if n not in tensors]
         if missing or len(tensors) != len(named):
-            from .checkpoint import CheckpointError
-
             raise CheckpointError(f"The reference snapshot does not match the reference ({len(tensors)} tensors for "
                                   f"{len(named)} parameters; first missing: {missing[:3]}); was the checkpoint "
                                   "written with another model or PEFT config?")
@@ -219,4 +221,96 @@ class ReferenceSchedule(TrainerCallback):
         return control
 
 
-__all__ = ["MOVING", "VERSION_KEY", "AdaptiveTrigger", "ReferencePolicy", "ReferenceSchedule"]
+# ----------------------------------------------------------------------------------------------------------------
+# ZeRO-3: gather, copy and scatter partitioned parameters a bounded group at a time
+# ----------------------------------------------------------------------------------------------------------------
+
+#: Elements gathered at once when ZeRO-3 parameters are copied, saved or restored: the transient full-size memory
+#: of a reference update or a checkpoint is bounded by this, not by the size of the model.
+ZERO3_GATHER_NUMEL = 50_000_000
+
+
+def _is_zero3(p) -> bool:
+    return hasattr(p, "ds_id")
+
+
+def _full_numel(p) -> int:
+    return p.ds_numel if _is_zero3(p) else p.numel()
+
+
+def _groups(items, numel):
+    """Consecutive groups of `items` holding at most ZERO3_GATHER_NUMEL elements (at least one item each)."""
+    group, size = [], 0
+    for item in items:
+        n = numel(item)
+        if group and size + n > ZERO3_GATHER_NUMEL:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += n
+    if group:
+        yield group
+
+
+def copy_parameters(source: Iterable[nn.Parameter], target: Iterable[nn.Parameter]) -> None:
+    """target <- source, parameter by parameter. ZeRO-3: gathered a bounded group at a time (a collective call),
+    copied on rank 0 and re-partitioned from it."""
+    pairs = list(zip(source, target, strict=True))
+    if not any(_is_zero3(p) for pair in pairs for p in pair):
+        with torch.no_grad():
+            for s, t in pairs:
+                t.data.copy_(s.data)
+        return
+    import deepspeed
+
+    rank0 = deepspeed.comm.get_rank() == 0
+    for group in _groups(pairs, lambda pair: _full_numel(pair[0]) + _full_numel(pair[1])):
+        with deepspeed.zero.GatheredParameters([p for pair in group for p in pair], modifier_rank=0), \
+                torch.no_grad():
+            for s, t in group:
+                if rank0 or not _is_zero3(t):
+                    t.data.copy_(s.data)
+
+
+def gather_to_cpu(params: Sequence[nn.Parameter], keep: bool = True) -> list[torch.Tensor] | None:
+    """Full CPU copies of `params`, or None where `keep` is False. ZeRO-3 parameters are gathered a bounded group at
+    a time, on every rank (a collective call); only ranks that keep the result copy it to the CPU."""
+    if not any(_is_zero3(p) for p in params):
+        return [p.data.detach().cpu().clone() for p in params] if keep else None
+    import deepspeed
+
+    tensors = []
+    for group in _groups(params, _full_numel):
+        with deepspeed.zero.GatheredParameters(group):
+            if keep:
+                tensors.extend(p.data.detach().cpu().clone() for p in group)
+    return tensors if keep else None
+
+
+def scatter_from_cpu(params: Sequence[nn.Parameter], tensors: Sequence[torch.Tensor]) -> None:
+    """params <- tensors (full CPU copies), re-partitioned under ZeRO-3."""
+    if len(params) != len(tensors):
+        raise CheckpointError(f"The reference snapshot has {len(tensors)} tensors but the reference has "
+                              f"{len(params)} parameters; was the checkpoint written with another model or PEFT "
+                              "config?")
+    for p, t in zip(params, tensors):
+        if math.prod(t.shape) != _full_numel(p):
+            raise CheckpointError(f"A reference snapshot tensor of shape {tuple(t.shape)} does not fit a parameter "
+                                  f"of {_full_numel(p)} elements; was the checkpoint written with another model?")
+    if not any(_is_zero3(p) for p in params):
+        with torch.no_grad():
+            for p, t in zip(params, tensors):
+                p.data.copy_(t.to(p.device, p.dtype))
+        return
+    import deepspeed
+
+    rank0 = deepspeed.comm.get_rank() == 0
+    for group in _groups(list(zip(params, tensors)), lambda pair: _full_numel(pair[0])):
+        with deepspeed.zero.GatheredParameters([p for p, _ in group], modifier_rank=0), torch.no_grad():
+            for p, t in group:
+                if rank0 or not _is_zero3(p):
+                    p.data.copy_(t.to(p.device, p.dtype))
+
+
+__all__ = ["MOVING", "VERSION_KEY", "ZERO3_GATHER_NUMEL", "AdaptiveTrigger", "ReferencePolicy", "ReferenceSchedule",
+           "copy_parameters", "gather_to_cpu", "scatter_from_cpu"]
