@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, learning_signal, model_card
+from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, upgrade_guard
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config, describe_objective
 from .loss import (
@@ -63,6 +63,7 @@ class RPGTrainer(GRPOTrainer):
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
+        upgrade_guard.check()  # first: a TRL whose code RPG relies on changed must not train silently wrong
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
         if kwargs.get("environment_factory") is None:  # before any model is loaded
