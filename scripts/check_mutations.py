@@ -353,6 +353,28 @@ MUTATIONS = [
              "    rho_bar = torch.where(inside, x.rho, (log_w_bar - log_r_bar).exp())",
              "    rho_bar = x.rho",
              "tests/test_rpg_clip_reference.py -k bounded"),
+    Mutation("inert-KL test from steps_per_generation // gradient_accumulation_steps (not the layout TRL runs)",
+             "trl_rpg/config.py",
+             '    if args.rpg_reference == "sampling" and batch_layout(args).off_policy == 0:',
+             '    if args.rpg_reference == "sampling" and max(1, args.steps_per_generation // '
+             'args.gradient_accumulation_steps) * args.num_iterations == 1:',
+             "tests/test_batch_layout.py -k measured"),
+    Mutation("a reference refreshed after every optimizer step not warned about", "trl_rpg/config.py",
+             '    if args.rpg_reference == "periodic" and args.rpg_reference_update_steps == 1:',
+             "    if False:",
+             "tests/test_batch_layout.py -k measured"),
+    Mutation("num_iterations left out of the generation period", "trl_rpg/config.py",
+             "    generate_every = args.steps_per_generation * args.num_iterations",
+             "    generate_every = args.steps_per_generation",
+             "tests/test_batch_layout.py -k measured"),
+    Mutation("start-up line: normalize_then_sum described as reward - group mean", "trl_rpg/config.py",
+             '    if args.multi_objective_aggregation == "normalize_then_sum":',
+             "    if False:",
+             "tests/test_batch_layout.py -k normalize_then_sum"),
+    Mutation("start-up line: 'trains exactly as GRPOTrainer' with the dual clip on", "trl_rpg/config.py",
+             '    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:',
+             '    if args.beta == 0 and args.rpg_estimator == "differentiable":',
+             "tests/test_beta_keeps_its_meaning.py -k grpo_claim"),
 ]
 
 

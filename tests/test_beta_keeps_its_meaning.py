@@ -96,3 +96,12 @@ def test_start_line_says_when_settings_are_grpo_equivalent(tmp_path):
         inert = RPGConfig(**cpu_args(tmp_path, beta=0.1, rpg_generation_reuse=1))
     assert "zero expected gradient" in describe_objective(inert)
     assert torch.__version__  # the module imports torch for the parameter comparisons above
+
+
+def test_start_line_makes_no_grpo_claim_with_the_dual_clip_on(tmp_path):
+    """The dual clip (any c) zeroes tokens GRPO's clipped surrogate keeps (A < 0, w >= c): with it on, the line must
+    not say the run trains exactly as GRPOTrainer; nor with RPG-REINFORCE, whose loss values differ."""
+    for settings in (dict(rpg_estimator="differentiable"), dict(rpg_estimator="differentiable", rpg_dual_clip_c=2.0),
+                     dict(rpg_estimator="reinforce", rpg_dual_clip_c=None)):
+        line = describe_objective(RPGConfig(**cpu_args(tmp_path, beta=0.0, **settings)))
+        assert "GRPOTrainer" not in line and "beta=0: no KL regularisation" in line, settings

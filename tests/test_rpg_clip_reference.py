@@ -160,9 +160,9 @@ def test_kl_part_outside_the_trust_region_never_pushes_away_from_the_reference()
         coefficients = []
         for beta in (BETA, 0.0):
             loss, _ = rpg_per_token_loss(logp, torch.zeros(1, 1, dtype=torch.float64),
-                                         torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
-                                         ref_logps=ref, divergence="urkl", beta=beta, epsilon_low=EPS_LOW,
-                                         epsilon_high=EPS_HIGH, dual_clip_c=10.0)
+                                         torch.tensor([-1.0], dtype=torch.float64),
+                                         torch.ones(1, 1, dtype=torch.float64), ref_logps=ref, divergence="urkl",
+                                         beta=beta, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, dual_clip_c=10.0)
             (grad,) = torch.autograd.grad(loss.sum(), logp)
             coefficients.append(-grad.item())
         assert coefficients[0] - coefficients[1] == pytest.approx(expected, abs=1e-12)

@@ -415,8 +415,8 @@ def inert_kl_warning(args) -> str:
     exact = args.rpg_divergence in ("ufkl", "urkl")
     effect = ("the KL part of every token's gradient is 0 and the run trains exactly as with beta=0" if exact else
               f"the KL part of every token's gradient is +-beta*w, whose mean under the sampler is 0 (with "
-              f"rpg_divergence={args.rpg_divergence!r} and the REINFORCE clip, +-beta*w_bar outside the trust region), "
-              "so the run trains as with beta=0 in expectation")
+              f"rpg_divergence={args.rpg_divergence!r} and the REINFORCE clip, +-beta*w_bar outside the trust "
+              "region), so the run trains as with beta=0 in expectation")
     return (f"RPGConfig: beta={args.beta} regularises nothing here. {inert_kl_reason(args)} and log(pi/ref) = 0 at "
             f"every token: {effect}. Reuse each batch for several optimizer steps (rpg_generation_reuse > 1, "
             "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
@@ -446,23 +446,31 @@ def describe_objective(args) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
     title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
-    reuse = optimizer_steps_per_generation(args)
     dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
     line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
             f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}, reference: "
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
-            f"each generation batch used for {reuse} optimizer step(s) (steps_per_generation="
-            f"{args.steps_per_generation}, gradient_accumulation_steps={args.gradient_accumulation_steps}, "
-            f"num_iterations={args.num_iterations}); clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
-            f"advantages: {_ADVANTAGE_TEXT.get(args.scale_rewards, 'reward - group mean, scaled')} (scale_rewards="
-            f"{args.scale_rewards!r}{_scale_clause(args)}); loss_type={args.loss_type!r}.")
+            f"{batch_layout(args).describe(args)}; clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
+            f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
     if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
         line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
     elif args.beta == 0:
         line += " beta=0: no KL regularisation."
     elif kl_term_is_inert(args):
-        line += " The KL term has zero expected gradient here (reference = sampler, no batch reuse)."
+        why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
+               "reference refreshed to the policy after every optimizer step")
+        line += f" The KL term has zero expected gradient here ({why})."
     return line
+
+
+def _advantage_text(args) -> str:
+    """What the advantages are, as TRL 1.16 computes them (`GRPOTrainer._generate_and_score_completions`)."""
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        return ("each reward function's (reward - group mean) / group std, weighted and summed, then minus the batch "
+                "mean and divided by the batch std (multi_objective_aggregation='normalize_then_sum'; scale_rewards="
+                f"{args.scale_rewards!r} has no effect)")
+    return (f"{_ADVANTAGE_TEXT.get(args.scale_rewards, 'reward - group mean, scaled')} (scale_rewards="
+            f"{args.scale_rewards!r}{_scale_clause(args)})")
 
 
 #: The paper's trust region (eps_low, eps_high): RPGConfig's default when neither width is set.
