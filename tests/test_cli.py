@@ -286,20 +286,20 @@ def test_launcher_passes_accelerate_the_values_it_would_pick(monkeypatch, tmp_pa
     from accelerate.commands import launch
 
     monkeypatch.setattr(accelerate_config, "default_config_file", str(tmp_path / "absent.yaml"))
-    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)
+    monkeypatch.setattr(cli.launcher, "_local_device_count", lambda: 0)
     seen = []
     monkeypatch.setattr(launch, "launch_command", seen.append)
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
     args = seen[-1]
     assert (args.num_processes, args.num_machines, args.mixed_precision, args.dynamo_backend) == (1, 1, "no", "no")
     assert not args.multi_gpu
-    monkeypatch.setattr(cli, "_local_device_count", lambda: 4)  # as accelerate does on a 4-GPU machine
+    monkeypatch.setattr(cli.launcher, "_local_device_count", lambda: 4)  # as accelerate does on a 4-GPU machine
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
     assert seen[-1].num_processes == 4 and seen[-1].multi_gpu
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
                      "--num_processes", "2"]) == 0
     assert seen[-1].num_processes == 2 and seen[-1].multi_gpu  # the user's value wins
-    monkeypatch.setattr(cli, "_local_device_count", lambda: 0)  # no GPU: several CPU processes (DDP over gloo)
+    monkeypatch.setattr(cli.launcher, "_local_device_count", lambda: 0)  # no GPU: several CPU processes (DDP, gloo)
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True",
                      "--num_processes", "2"]) == 0
     assert seen[-1].num_processes == 2 and seen[-1].multi_gpu  # accelerate's simple launcher would start one

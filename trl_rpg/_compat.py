@@ -20,6 +20,11 @@ and `_step` (the reused generation batch and the micro-step counter of `GRPOTrai
 `current_gradient_accumulation_steps`, `aux_loss_enabled`, `epsilon_low`, `epsilon_high`, `top_entropy_quantile`,
 `off_policy_mask_threshold`, `importance_sampling_level`, `use_vllm`, `vllm_importance_sampling_correction`.
 
+It also reuses TRL's `is_async_callable` (the rule by which `GRPOTrainer` decides to await a reward function, which
+the reward wrapper keeps) rather than a copy of it. One more TRL helper is imported where it is used, not here:
+`trl.cli.commands.training._subtract_subsequence` (`trl <command>`'s split of the arguments its parser did not
+consume), by `trl_rpg/cli/launcher.py`, which must not load this module's TRL trainer and model utilities.
+
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
 """
@@ -32,7 +37,7 @@ from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import use_adapter
+from trl.trainer.utils import is_async_callable, use_adapter
 
 #: Keys of a TRL generation batch that are forwarded to the model as multimodal inputs.
 MULTIMODAL_KEYS = (
@@ -110,6 +115,6 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 __all__ = [
     "CALLED", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN",
-    "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "missing_internals",
-    "trl_sees_beta", "use_adapter",
+    "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "is_async_callable",
+    "missing_internals", "trl_sees_beta", "use_adapter",
 ]

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ._compat import is_async_callable
+
 logger = logging.getLogger(__name__)
 
 #: Largest finite float32, the dtype TRL builds reward tensors in (`torch.tensor(rewards, dtype=torch.float32)`).
@@ -250,14 +252,6 @@ def _tokenize_like_trl(prompts, processing_class, tools, chat_template, chat_tem
 # ----------------------------------------------------------------------------------------------------------------
 # Reward functions
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def is_async_callable(func) -> bool:
-    """Whether calling `func` returns a coroutine, by the rule TRL 1.16 uses to decide to await a reward function:
-    `functools.partial` is unwrapped, and a class instance is async when its `__call__` is."""
-    while isinstance(func, functools.partial):
-        func = func.func
-    return inspect.iscoroutinefunction(func) or (callable(func) and inspect.iscoroutinefunction(func.__call__))
 
 
 #: Keyword arguments TRL passes to every reward function that are the trainer's own objects: passed as they are, never

@@ -1,0 +1,262 @@
+"""The arguments of `trl-rpg train` and `python -m trl_rpg train`: TRL's parser with RPG's fields and help texts, the
+grouped `--help`, `--resume_from_checkpoint` values, `--accelerate_config` names, and the `error:` line a mistake
+ends with (an unknown argument named with the closest valid one)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ScriptArguments
+
+from ..rewards import REWARD_FUNCS
+from .reward_funcs import DEFAULT_REWARD_FUNCS
+
+#: Exit status of a run refused because of its arguments (argparse's).
+USAGE_ERROR = 2
+#: `--resume_from_checkpoint` values that mean "the newest complete checkpoint of output_dir" (TRL's and
+#: transformers' users' habits), and those that mean "do not resume".
+RESUME_LATEST = ("true", "last", "latest")
+RESUME_NEVER = ("false", "none", "")
+
+
+def _reward_funcs_help() -> str:
+    names = "; ".join(f"'{entry.name}' ({entry.help})" for entry in REWARD_FUNCS.values())
+    return (f"Reward functions, by name: {names}; or any dotted import path such as 'my_lib.rewards.custom_reward'. "
+            f"Default: {' '.join(DEFAULT_REWARD_FUNCS)}.")
+
+
+@dataclass
+class RPGScriptArguments(ScriptArguments):
+    """Script arguments of `trl-rpg train` (TRL's `ScriptArguments` plus the reward settings).
+
+    `dataset_name` may also be a local file (`.parquet`, `.json`, `.jsonl`, `.csv`, `.arrow`) or a directory of them;
+    a single file becomes the `train` split.
+    """
+
+    reward_funcs: list[str] | None = field(default=None, metadata={"help": _reward_funcs_help()})
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "A reward model (Hub id or local path), used in addition to `reward_funcs`."},
+    )
+    soft_punish_cache: int = field(
+        default=4096,
+        metadata={"help": "Length of the soft-punishment interval of 'soft_overlong_punishment' (DAPO uses 4096 with "
+                          "max_completion_length=20480; the paper's 4K-context runs 1024 of 8192)."},
+    )
+
+
+def resume_argument(value):
+    """`--resume_from_checkpoint` as `Trainer.train` takes it: `True` for `True`/`last`/`latest` (the newest
+    complete checkpoint of `output_dir`), `None` for `False`/`None`/empty, otherwise the path given."""
+    if value is None or isinstance(value, bool):
+        return value or None
+    text = str(value).strip()
+    if text.lower() in RESUME_LATEST:
+        return True
+    if text.lower() in RESUME_NEVER:
+        return None
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The training parser and its help
+# ----------------------------------------------------------------------------------------------------------------
+
+
+_TRAIN_USAGE = "{prog} [launcher options] [training arguments]"
+
+
+def make_train_parser(prog: str = "trl-rpg train"):
+    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+
+    from ..config import RPGConfig
+
+    usage = _TRAIN_USAGE.format(prog=prog) if prog.startswith("trl-rpg") else f"{prog} [training arguments]"
+    parser = TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage)
+    for flag, help_text in _RPG_HELP.items():  # GRPOConfig fields whose TRL help is not true under RPG
+        parser._option_string_actions[flag].help = help_text
+    return parser
+
+
+#: Help texts of `GRPOConfig` fields that RPG resolves, ignores or refuses (TRL's own text says otherwise).
+_RPG_HELP = {
+    "--steps_per_generation": "Optimizer micro-steps per generation batch. If `None` (and neither "
+                              "`generation_batch_size` nor `num_iterations > 1` is set), RPG sets it to "
+                              "`rpg_generation_reuse * gradient_accumulation_steps` (4x by default: each generation "
+                              "batch is reused for 4 optimizer steps); GRPO's default is "
+                              "`gradient_accumulation_steps`.",
+    "--use_bias_correction_kl": "Ignored by RPG: GRPO's weighting of its k3 KL penalty by the importance ratio; RPG's "
+                                "KL term (rpg_divergence, beta) is exact off-policy by construction.",
+    "--sync_ref_model": "Refused by RPG (TRL's reference-model sync): use --rpg_reference periodic with "
+                        "--rpg_reference_update_steps.",
+    "--delta": "Refused by RPG (GRPO's two-sided clipping): RPG bounds large ratios with --rpg_dual_clip_c.",
+    "--resume_from_checkpoint": "A checkpoint folder to resume from, or True (also 'last'/'latest') for the newest "
+                                "complete checkpoint of --output_dir.",
+}
+
+
+_CONFIG_HELP = """\
+training arguments from a file:
+  --config PATH         A YAML file of training arguments (TRL's `--config`): its keys are the flags below without
+                        `--`; flags given on the command line win. Launcher options may be in it too.
+"""
+_LAUNCHER_HELP = """\
+usage: {usage}
+
+Train with RPGTrainer: checks the arguments, then runs `accelerate launch [launcher options] -m trl_rpg train
+[training arguments]` (`python -m trl_rpg train` trains in the current process instead).
+
+launcher options (given to `accelerate launch`):
+  --accelerate_config NAME_OR_PATH
+{configs}
+  --num_processes N     Processes to launch, one per GPU (default: every GPU of this machine; 1 without GPU).
+  --config_file PATH    An accelerate config file (as `accelerate launch --config_file`).
+  --mixed_precision {{no,fp16,bf16,fp8}}
+                        Passed to accelerate; the training's own precision is --bf16 / --fp16.
+  --num_machines N, --machine_rank N, --main_process_ip IP, --main_process_port PORT
+                        Multi-node runs.
+  Any other `accelerate launch` option: `accelerate launch --help` lists them.
+
+{config_help}
+training arguments (`RPGConfig`, `ModelConfig`, data set and reward settings), the RPG ones first:"""
+
+
+def train_help_sections(parser) -> list[tuple[str, list]]:
+    """The training arguments of `trl-rpg train --help`, grouped: RPG's own fields (and the GRPO defaults RPG changes),
+    then reward and data settings, the model, and every other training argument (GRPOConfig, TrainingArguments)."""
+    from dataclasses import fields
+
+    from trl import DatasetMixtureConfig, ModelConfig
+
+    from ..config import RPGConfig
+
+    rpg = set(vars(RPGConfig).get("__annotations__", {}))
+    script = {f.name for f in fields(RPGScriptArguments)} | {f.name for f in fields(DatasetMixtureConfig)}
+    model = {f.name for f in fields(ModelConfig)}
+    sections = {"RPG (RPGConfig's own fields, and the GRPOConfig defaults it changes)": [],
+                "reward functions and data": [], "model (TRL's ModelConfig)": [],
+                "every other training argument (TRL's GRPOConfig, transformers' TrainingArguments)": []}
+    groups = list(sections.values())
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        dest = action.dest
+        groups[0 if dest in rpg else 1 if dest in script else 2 if dest in model else 3].append(action)
+    return list(sections.items())
+
+
+def print_train_help(prog: str = "trl-rpg train", launcher: bool = True) -> None:
+    """`trl-rpg train --help`: the launcher options and `--config` first, then the RPG fields, the reward and data
+    settings, the model, and every other training argument (`launcher=False`, for `python -m trl_rpg train`: no
+    launcher options)."""
+    parser = make_train_parser(prog)
+    if launcher:
+        configs = textwrap.fill("An accelerate config file, or the name of one: "
+                                f"{', '.join(available_accelerate_configs())}.", width=116,
+                                initial_indent=" " * 24, subsequent_indent=" " * 24)
+        print(_LAUNCHER_HELP.format(usage=_TRAIN_USAGE.format(prog=prog), configs=configs,
+                                    config_help=_CONFIG_HELP))
+    else:
+        print(f"usage: {prog} [training arguments]\n\nTrain with RPGTrainer in this process.\n\n"
+              f"{_CONFIG_HELP}\ntraining arguments, the RPG ones first:")
+    formatter = parser._get_formatter()
+    for title, actions in train_help_sections(parser):
+        formatter.start_section(title)
+        formatter.add_arguments(actions)
+        formatter.end_section()
+    print(formatter.format_help())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# accelerate configs by name
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _accelerate_config_dirs() -> list[Path]:
+    import trl
+
+    return [Path.cwd() / "accelerate_configs", Path(__file__).resolve().parents[1] / "accelerate_configs",
+            Path(trl.__file__).resolve().parent / "accelerate_configs"]
+
+
+def available_accelerate_configs() -> list[str]:
+    """Names `--accelerate_config` accepts: the configs of `accelerate_configs/` (in the working directory and those
+    shipped in this package, `trl_rpg/accelerate_configs`) and those shipped with TRL."""
+    return sorted({p.stem for d in _accelerate_config_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
+    """`--accelerate_config NAME_OR_PATH` -> `--config_file PATH`: a file, a config of this package's
+    `accelerate_configs/` (e.g. `deepspeed_zero3`), or one shipped with TRL (e.g. `zero3`)."""
+    if "--accelerate_config" not in launch_args:
+        return launch_args
+    i = launch_args.index("--accelerate_config")
+    if i + 1 >= len(launch_args):
+        names = available_accelerate_configs()
+        raise ValueError(f"Expected a value after --accelerate_config: a file or one of {names}.")
+    name = launch_args[i + 1]
+    candidates = [Path(name)] + [d / f"{name}.yaml" for d in _accelerate_config_dirs()]
+    path = next((c for c in candidates if c.is_file()), None)
+    if path is None:
+        names = available_accelerate_configs()
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"--accelerate_config {name!r} is neither a file nor a known config name; the names are "
+                         f"{names}.{hint}")
+    return ["--config_file", str(path)] + launch_args[:i] + launch_args[i + 2:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Unknown arguments and usage errors
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _parser_flags(parser) -> list[str]:
+    return sorted(flag for flag in parser._option_string_actions if flag.startswith("--"))
+
+
+def _unknown_arguments_message(unknown: list[str], training_flags: list[str], launcher_flags: list[str] | None) -> str:
+    """`unknown argument --rpg_divergnce (did you mean --rpg_divergence?)`, for each unknown flag in `unknown`."""
+    flags = [item.split("=", 1)[0] for item in unknown if item.startswith("-") and not _is_number(item)]
+    known = training_flags + (launcher_flags or [])
+    parts = []
+    for flag in flags or unknown[:1]:
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        parts.append(f"{flag} (did you mean {close[0]}?)" if close else flag)
+    where = ("a training argument (`trl-rpg train --help`) nor an `accelerate launch` option" if launcher_flags
+             else "a training argument (launcher options such as --num_processes belong to `trl-rpg train` or "
+                  "`accelerate launch`)")
+    noun = "argument" if len(parts) == 1 else "arguments"
+    return f"unknown {noun} {', '.join(parts)}: neither {where}."
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+#: What to do about upstream errors whose message does not say it in command-line terms: (fragment, advice).
+_ADVICE = (
+    ("doesn't support bf16/gpu",
+     "On a machine without GPU pass --use_cpu True --bf16 False (RPGConfig keeps TRL's default bf16=True)."),
+)
+
+
+def report_usage_error(prog: str, error: BaseException) -> int:
+    """Print `prog: error: message` as the last line (on the first process only: every process fails alike) and
+    return the usage-error exit status."""
+    message = str(error)
+    message += "".join(f" {advice}" for fragment, advice in _ADVICE if fragment in message)
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        sys.stdout.flush()
+        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return USAGE_ERROR

@@ -1,0 +1,248 @@
+"""`trl-rpg train`: check the arguments, then run `accelerate launch [launcher options] -m trl_rpg train [training
+arguments]` (as `trl grpo` launches TRL's GRPO script) and exit with the training processes' status; the launcher's
+own options and process count are checked here, and each training process ends when the launcher ends."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import warnings
+
+from trl.cli.commands.training import _subtract_subsequence as subtract_subsequence  # TRL's, for `trl <command>`
+
+from .arguments import (
+    _is_number,
+    _parser_flags,
+    _unknown_arguments_message,
+    make_train_parser,
+    print_train_help,
+    report_usage_error,
+    resolve_accelerate_config,
+)
+from .checks import check_local_data_columns, check_model_name, check_resume_path
+from .data import check_dataset_name
+from .reward_funcs import check_reward_names
+
+#: Environment variable through which `trl-rpg train` tells the processes it launches its command name.
+_PROG_ENV = "TRL_RPG_PROG"
+#: Environment variable through which `trl-rpg train` tells the processes it launches its own process id: each of them
+#: ends when that process ends, by any signal (`stop_with_launcher`).
+_LAUNCHER_PID_ENV = "TRL_RPG_LAUNCHER_PID"
+#: Set by `trl-rpg train` beside `PYTHONSAFEPATH=1`, so that the training process takes the variable out again (the
+#: processes it starts in turn, such as a reward function's scripts, get the ordinary `sys.path`).
+_SAFE_PATH_ENV = "TRL_RPG_SET_SAFE_PATH"
+
+
+def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
+    """`trl-rpg train`: check the arguments here (and answer `--help`), then run `accelerate launch ... -m trl_rpg
+    train ...`; returns the exit status of the training processes."""
+    argv = list(argv)
+    if "-h" in argv or "--help" in argv:
+        print_train_help(prog)
+        return 0
+    parser = make_train_parser(prog)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the training process shows them
+        try:
+            script_args, parsed_args, model_args, dataset_args, config_remaining, cli_remaining = (
+                parser.parse_args_and_config(
+                    argv, return_remaining_strings=True, separate_remaining_strings=True))
+            check_launcher_arguments(config_remaining + cli_remaining, _parser_flags(parser))
+            launch_args = resolve_accelerate_config(config_remaining + cli_remaining)
+            accelerate_args = parse_launch_arguments(launch_args, subtract_subsequence(argv, cli_remaining))
+            check_process_count(accelerate_args)
+            check_model_name(model_args.model_name_or_path)
+            check_resume_path(parsed_args.resume_from_checkpoint)
+            check_reward_names(script_args.reward_funcs)
+            if not dataset_args.datasets:
+                check_dataset_name(script_args.dataset_name)
+                check_local_data_columns(script_args, parsed_args.max_completion_length)
+        except (ValueError, FileNotFoundError) as error:
+            return report_usage_error(prog, error)
+    complete_launch_defaults(accelerate_args)
+    child_env = {_PROG_ENV: prog,  # the training processes report errors under the command the user typed
+                 _LAUNCHER_PID_ENV: str(os.getpid()),  # and end with this process (`stop_with_launcher`)
+                 "PYTHONSAFEPATH": "1"}  # `python -m trl_rpg` must not import the working directory's peft.py
+    if os.environ.get("PYTHONSAFEPATH") is None:
+        child_env[_SAFE_PATH_ENV] = "1"
+    previous = {name: os.environ.get(name) for name in child_env}
+    os.environ.update(child_env)
+    try:
+        return run_accelerate_launch(accelerate_args)
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# accelerate launch's arguments and process count
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _launcher_flags() -> list[str]:
+    from accelerate.commands.launch import launch_command_parser
+
+    return sorted({*_parser_flags(launch_command_parser()), "--accelerate_config"})
+
+
+def check_launcher_arguments(launch_args: list[str], training_flags: list[str]) -> None:
+    """Refuse arguments that are neither training arguments nor `accelerate launch` options, before launching."""
+    launcher_flags = set(_launcher_flags())
+    unknown = [item for item in launch_args
+               if item.startswith("-") and not _is_number(item) and item.split("=", 1)[0] not in launcher_flags]
+    if unknown:
+        raise ValueError(_unknown_arguments_message(unknown, training_flags, sorted(launcher_flags)))
+
+
+def parse_launch_arguments(launch_args: list[str], training_argv: list[str]):
+    """`accelerate launch`'s arguments for `launch_args -m trl_rpg train training_argv`; a bad launcher value or a
+    stray word raises `ValueError` (instead of accelerate's usage text)."""
+    from accelerate.commands.launch import launch_command_parser
+
+    parser = launch_command_parser()
+    parser.exit_on_error = False
+    try:
+        args = parser.parse_args(launch_args + ["-m", "trl_rpg", "train", *training_argv])
+    except argparse.ArgumentError as error:
+        raise ValueError(f"launcher option {error}.") from error
+    if args.training_script != "trl_rpg":
+        raise ValueError(f"unexpected argument {args.training_script!r}: every argument of `trl-rpg train` is a "
+                         "`--flag value` pair (`trl-rpg train --help` lists them).")
+    return args
+
+
+def _local_device_count() -> int:
+    """The number of accelerators `accelerate launch` would use by default (its own order of device types)."""
+    import accelerate.utils as accelerate_utils
+    import torch
+
+    for kind in ("xpu", "mlu", "sdaa", "musa", "npu", "hpu", "neuron"):
+        is_available = getattr(accelerate_utils, f"is_{kind}_available", None)
+        if is_available is not None and is_available():
+            return getattr(torch, kind).device_count()
+    return torch.cuda.device_count()
+
+
+def _launches_distributed(args) -> bool:
+    return any(getattr(args, flag, False) for flag in ("multi_gpu", "use_deepspeed", "use_fsdp", "tpu", "cpu"))
+
+
+def complete_launch_defaults(args) -> None:
+    """Without an accelerate config file, give `accelerate launch` the values it would pick itself (one process per
+    device, at least one; one machine; no extra mixed precision; no dynamo), so it does not print a notice for each.
+
+    Several processes without an accelerate config run under accelerate's multi-process (torchrun) launcher, on GPUs
+    as accelerate does itself and also on a machine without GPU (`--num_processes 2 --use_cpu True`: DDP over gloo),
+    where `accelerate launch` alone would start one process and train on it alone."""
+    from accelerate.commands.config import default_config_file
+
+    if args.config_file is not None or os.path.isfile(default_config_file):
+        return
+    devices = _local_device_count()
+    if args.num_processes is None:
+        args.num_processes = max(devices, 1)
+    if args.num_processes > 1 and not _launches_distributed(args) and devices != 1:
+        args.multi_gpu = True  # what accelerate does for several devices (with a notice); on CPU, DDP over gloo
+    for name, value in (("num_machines", 1), ("mixed_precision", "no"), ("dynamo_backend", "no")):
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def check_process_count(args) -> None:
+    """Refuse a launch that would silently run fewer processes than asked: `--num_processes N > 1` with an accelerate
+    config whose `distributed_type` is `NO` (accelerate then starts one process), or with one GPU only."""
+    from accelerate.commands.config import default_config_file
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    if args.num_processes is None or args.num_processes <= 1 or _launches_distributed(args):
+        return
+    config_file = args.config_file or (default_config_file if os.path.isfile(default_config_file) else None)
+    if config_file is None:
+        if _local_device_count() == 1:
+            raise ValueError(f"--num_processes {args.num_processes} on a machine with one GPU: accelerate would start "
+                             "one process. Use --num_processes 1, or --multi_gpu with --gpu_ids and devices to match.")
+        return
+    try:
+        distributed_type = str(load_config_from_file(config_file).distributed_type.value)
+    except Exception:  # an unreadable config: accelerate says why when it reads it
+        return
+    if distributed_type == "NO":
+        raise ValueError(f"--num_processes {args.num_processes} with the accelerate config {config_file} "
+                         "(distributed_type: NO) would start one process, not "
+                         f"{args.num_processes}. Use --accelerate_config multi_gpu (data parallel; on a machine "
+                         "without GPU add --use_cpu True), a DeepSpeed/FSDP config, or --multi_gpu.")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running the training processes, and ending with them
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _exit_status(code: int | None) -> int:
+    """A child's exit status as a shell reports it: its own code, 128 + N for a death by signal N, never 0."""
+    if code is None or code == 0:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+def run_accelerate_launch(args) -> int:
+    """Run `accelerate launch` with parsed `args`; return the training processes' exit status (0, or the status of
+    the first one that failed) without a traceback of the launcher's own: the child's error stays the last thing
+    printed."""
+    from accelerate.commands.launch import launch_command
+
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as error:
+        return _exit_status(error.returncode)
+    except KeyboardInterrupt:  # Ctrl-C: the training processes got it too and stop
+        return 128 + signal.SIGINT
+    except Exception as error:  # torchrun's ChildFailedError (several processes)
+        failures = getattr(error, "failures", None)
+        if not failures:
+            raise
+        first = min(failures.values(), key=lambda failure: failure.timestamp)
+        return _exit_status(first.exitcode)
+    return 0
+
+
+def stop_with_launcher() -> None:
+    """In a process started by `trl-rpg train`: end when the launcher ends, by any signal, `kill -9` included (an
+    orphaned training process would go on writing checkpoints and holding GPUs). On Linux the kernel sends SIGTERM
+    when the launcher dies (`prctl(PR_SET_PDEATHSIG)`); elsewhere a daemon thread checks the parent every second."""
+    launcher = os.environ.pop(_LAUNCHER_PID_ENV, None)  # not for the processes this one starts
+    if not launcher or not launcher.isdigit():
+        return
+    launcher_pid = int(launcher)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0) == 0:
+            if os.getppid() != launcher_pid:  # the launcher died before the call
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    def watch():
+        while True:
+            if os.getppid() != launcher_pid:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(1.0)
+
+    threading.Thread(target=watch, name="trl-rpg-launcher-watch", daemon=True).start()
+
+
+def _take_safe_path_setting() -> None:
+    """`trl-rpg train` starts this process with `PYTHONSAFEPATH=1` (the working directory is not put first on
+    `sys.path`); the processes this one starts get the ordinary setting back."""
+    if os.environ.pop(_SAFE_PATH_ENV, None):
+        os.environ.pop("PYTHONSAFEPATH", None)

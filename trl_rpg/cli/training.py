@@ -1,0 +1,104 @@
+"""Training in this process (`python -m trl_rpg train`, what each process of `accelerate launch` runs): everything
+checked and loaded before the model, then `RPGTrainer` trained, saved and carded as TRL's `grpo.py` does with
+`GRPOTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arguments import (
+    _parser_flags,
+    _unknown_arguments_message,
+    make_train_parser,
+    report_usage_error,
+    resume_argument,
+)
+from .checks import check_model_name, check_resume_path, check_training_columns, warn_if_output_dir_holds_checkpoints
+from .data import load_training_data
+from .reward_funcs import resolve_reward_funcs
+
+
+@dataclass
+class TrainingSetup:
+    """Everything `train` needs besides the model, checked before the model is loaded."""
+
+    reward_funcs: list
+    train_dataset: object
+    eval_dataset: object | None
+
+
+def prepare_training(script_args, training_args, model_args, dataset_args=None) -> TrainingSetup:
+    """Resolve the reward functions and load the data, and check them against each other, before any model loads.
+
+    Raises `ValueError` / `FileNotFoundError` naming what to fix: no model, a missing data file or split, an unknown
+    reward function, or a data set without the columns the reward functions read.
+    """
+    if not model_args.model_name_or_path:
+        raise ValueError("trl-rpg train needs --model_name_or_path (a Hub id or a local model folder).")
+    reward_funcs = []
+    if script_args.reward_model_name_or_path:
+        reward_funcs.append(script_args.reward_model_name_or_path)
+    reward_funcs += resolve_reward_funcs(script_args.reward_funcs, training_args.max_completion_length,
+                                         script_args.soft_punish_cache)
+    dataset = load_training_data(script_args, dataset_args)
+    if script_args.dataset_train_split not in dataset:
+        raise ValueError(f"The data set has no split {script_args.dataset_train_split!r} (it has {list(dataset)}); "
+                         "set --dataset_train_split.")
+    train_dataset = dataset[script_args.dataset_train_split]
+    check_training_columns(reward_funcs, getattr(train_dataset, "column_names", None))
+    check_model_name(model_args.model_name_or_path)
+    check_resume_path(training_args.resume_from_checkpoint)
+    eval_dataset = None
+    if training_args.eval_strategy != "no":
+        eval_dataset = dataset.get(script_args.dataset_test_split)
+    return TrainingSetup(reward_funcs=reward_funcs, train_dataset=train_dataset, eval_dataset=eval_dataset)
+
+
+def train(script_args, training_args, model_args, dataset_args=None, setup: TrainingSetup | None = None):
+    """Train with `RPGTrainer` as TRL's `grpo.py` trains with `GRPOTrainer`; returns the trainer."""
+    from trl import get_peft_config, get_quantization_config
+
+    from ..trainer import RPGTrainer
+
+    setup = setup or prepare_training(script_args, training_args, model_args, dataset_args)
+    model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
+                         "attn_implementation": model_args.attn_implementation, "dtype": model_args.dtype}
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = model_init_kwargs
+
+    trainer = RPGTrainer(
+        model=model_args.model_name_or_path,
+        reward_funcs=setup.reward_funcs,
+        args=training_args,
+        train_dataset=setup.train_dataset,
+        eval_dataset=setup.eval_dataset,
+        peft_config=get_peft_config(model_args),
+        quantization_config=get_quantization_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
+    trainer.accelerator.print("Training completed.")
+    trainer.save_model(training_args.output_dir)
+    if trainer.accelerator.is_main_process:
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name,
+                                  dataset_name=script_args.dataset_name)
+    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
+    return trainer
+
+
+def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
+    """`python -m trl_rpg train`: train in this process (what each process of `accelerate launch` runs)."""
+    parser = make_train_parser(prog=prog)
+    try:
+        *parsed, remaining = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
+        if remaining:
+            raise ValueError(_unknown_arguments_message(remaining, _parser_flags(parser), launcher_flags=None))
+        setup = prepare_training(*parsed)
+    except (ValueError, FileNotFoundError) as error:
+        return report_usage_error(prog, error)
+    warn_if_output_dir_holds_checkpoints(prog, parsed[1])
+    train(*parsed, setup=setup)
+    return 0
