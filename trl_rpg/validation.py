@@ -17,7 +17,10 @@ import inspect
 import logging
 import math
 import numbers
+import os
+import sysconfig
 import threading
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -300,14 +303,18 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
         raise ValueError(f"`rpg_reward_timeout`={timeout!r} is not allowed; it must be a number of seconds > 0, or "
                          "None for no limit.")
 
+    defined = defined_at(func)
+    defined = f" `{name}` is defined at {defined}." if defined else ""
+
     def failed(error, kwargs):
         completions = kwargs.get("completions")
         batch = f" on a batch of {len(completions)} completions" if completions is not None else ""
+        where = raised_at(error, func)
         return RuntimeError(
             f"Reward function `{name}` raised {type(error).__name__}: {error}{batch}. The failing row was not "
             "identified: RPGTrainer does not call a reward function again to find it, since it may be slow or have "
             "side effects (see the traceback above for where it failed). Return None for a completion the "
-            "function cannot score.")
+            f"function cannot score.{f' It raised at {where}.' if where else defined}")
 
     def timed_out(kwargs):
         completions = kwargs.get("completions")
@@ -315,11 +322,15 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
         return TimeoutError(f"Reward function `{name}` did not return within {timeout:g} s{batch} "
                             f"(rpg_reward_timeout={timeout:g}). Make it faster or raise rpg_reward_timeout; a "
                             "function that waits on a service should give up on its own and return None for the "
-                            "completions it cannot score.")
+                            f"completions it cannot score.{defined}")
 
     def check(rewards, kwargs, private):
-        return check_rewards(rewards, name, kwargs.get("completions"), kwargs.get("prompts"), max_abs_reward,
-                             shortened=_shortened(kwargs, private))
+        try:
+            return check_rewards(rewards, name, kwargs.get("completions"), kwargs.get("prompts"), max_abs_reward,
+                                 shortened=_shortened(kwargs, private))
+        except ValueError as error:  # the same error, saying where the function is
+            error.args = (f"{error}{defined}", *error.args[1:])
+            raise
 
     if is_async_callable(func):
         async def wrapper(*args, **kwargs):
@@ -357,6 +368,57 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
     wrapper.__name__ = wrapper.__qualname__ = name  # TRL names a callable by `__name__` (class name for instances)
     wrapper._rpg_checked = True
     return wrapper
+
+
+def _code_of(func):
+    """The code object of a reward function (a function, a `functools.partial` of one, or an instance's
+    `__call__`), or None (a built-in)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    func = inspect.unwrap(func)
+    code = getattr(func, "__code__", None)
+    if code is None and not inspect.isroutine(func):
+        code = getattr(getattr(type(func), "__call__", None), "__code__", None)
+    return code
+
+
+def _shown_path(path: str) -> str:
+    """`path` relative to the working directory when it is inside it, else as it is."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # on another drive
+        return path
+    return path if relative.startswith(os.pardir) else relative
+
+
+def defined_at(func) -> str:
+    """Where reward function `func` is defined, `file:line` ('' when Python cannot tell, as for a built-in)."""
+    code = _code_of(func)
+    return f"{_shown_path(code.co_filename)}:{code.co_firstlineno}" if code is not None else ""
+
+
+_LIBRARY_PATHS = tuple(os.path.realpath(p) + os.sep for p in {sysconfig.get_path(name) for name in
+                                                              ("stdlib", "platstdlib", "purelib", "platlib")} if p)
+
+
+def raised_at(error: BaseException, func) -> str:
+    """Where reward function `func` raised `error`: `file:line, in function` of the innermost frame of its traceback
+    that is the user's code (not Python's, an installed package's or trl_rpg's), else the innermost in `func`'s
+    own file; '' if there is none. The function named is the innermost named one (not a `<listcomp>`)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    package = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    code = _code_of(func)
+
+    def users(frame):
+        path = os.path.realpath(frame.filename)
+        return not path.startswith(_LIBRARY_PATHS + (package,)) and not frame.filename.startswith("<")
+
+    mine = [f for f in frames if users(f)] or [f for f in frames if code is not None and
+                                                f.filename == code.co_filename]
+    if not mine:
+        return ""
+    named = next((f.name for f in reversed(mine) if not f.name.startswith("<")), mine[-1].name)  # not <listcomp>
+    return f"{_shown_path(mine[-1].filename)}:{mine[-1].lineno}, in {named}"
 
 
 def private_reward_inputs(kwargs: dict) -> dict:
