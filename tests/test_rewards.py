@@ -14,9 +14,11 @@ from trl_rpg.rewards import (
     get_reward_func,
     grading,
     is_equivalent,
+    make_math_reward,
     make_overlong_punishment,
     math_reward,
     normalize_answer,
+    paper_math_reward,
     reference_answer,
     register_reward,
     reward_columns,
@@ -319,6 +321,34 @@ def test_math_reward_name_and_pickle():
     assert pickle.loads(pickle.dumps(math_reward)) is math_reward
 
 
+def test_paper_math_reward_gives_the_papers_values_with_math_rewards_grading():
+    """+1 / -1 where math_reward gives 1 / 0 (the RPG authors' scorer returns 1.0 if correct else -1.0), None where
+    it gives None; one grading (a wrong, a missing and an unreferenced answer alike)."""
+    completions = ["Answer: 540", "Answer: 541", "I give up.", "so \\boxed{\\frac{1}{2}}", "Answer: 1"]
+    ground_truth = ["540", "540", "540", "0.5", None]
+    assert math_reward(completions, ground_truth=ground_truth) == [1.0, 0.0, 0.0, 1.0, None]
+    assert paper_math_reward(completions, ground_truth=ground_truth) == [1.0, -1.0, -1.0, 1.0, None]
+    assert paper_math_reward.__name__ == "paper_math_reward" and paper_math_reward.required_columns == ANSWER_COLUMNS
+    assert pickle.loads(pickle.dumps(paper_math_reward)) is paper_math_reward
+    assert get_reward_func("paper_math_reward") is paper_math_reward
+    assert (math_reward.values, paper_math_reward.values) == ((1.0, 0.0), (1.0, -1.0))
+
+
+def test_make_math_reward_takes_any_values_and_a_name():
+    logged = {}
+    graded = make_math_reward(correct=2.0, incorrect=-0.5, name="my_accuracy")
+    assert graded(["Answer: 7", "Answer: 8"], answer=["7", "7"],
+                  log_extra=lambda name, values: logged.__setitem__(name, values)) == [2.0, -0.5]
+    assert graded.__name__ == "my_accuracy" and logged["extracted_answer"] == ["7", "8"]
+    assert make_math_reward()(["Answer: 7", "Answer: 8"], answer=["7", "7"]) == [1.0, 0.0]  # math_reward's values
+    with pytest.raises(ValueError, match=r"`correct`=0.0 must be greater than `incorrect`=1.0"):
+        make_math_reward(correct=0.0, incorrect=1.0)
+    with pytest.raises(ValueError, match=r"`incorrect`=nan is not allowed; it must be a finite number"):
+        make_math_reward(incorrect=float("nan"))
+    with pytest.raises(ValueError, match=r"`name`='my reward' is not allowed"):
+        make_math_reward(name="my reward")
+
+
 def test_completion_to_text():
     assert completion_to_text("abc") == "abc"
     assert completion_to_text([{"role": "assistant", "content": "x"}]) == "x"
@@ -393,8 +423,8 @@ def test_math_reward_answer_column():
 
 
 def test_reward_registry_names_and_builds():
-    assert {"math_reward", "soft_overlong_punishment", "accuracy_reward", "reasoning_accuracy_reward",
-            "think_format_reward"} <= set(REWARD_FUNCS)
+    assert {"math_reward", "paper_math_reward", "soft_overlong_punishment", "accuracy_reward",
+            "reasoning_accuracy_reward", "think_format_reward"} <= set(REWARD_FUNCS)
     assert get_reward_func("math_reward") is math_reward
     punish = get_reward_func("soft_overlong_punishment", max_completion_length=16, soft_punish_cache=4)
     assert punish(completion_ids=[[1] * 12, [1] * 14]) == [0.0, -0.5]
@@ -481,3 +511,18 @@ def test_check_reward_columns_accepts_any_callable():
     # several functions missing their columns are all named
     with pytest.raises(ValueError, match=r"'math_reward'.*'AsyncReward'"):
         check_reward_columns([math_reward, AsyncReward()], ["prompt"])
+
+
+def test_the_grading_examples_of_docs_rewards_md_are_what_paper_math_reward_gives():
+    """docs/rewards.md contrasts trl-rpg's grading with the RPG authors' scorer on examples; its trl-rpg column is
+    what `paper_math_reward` returns (a grading change that makes the page false fails here)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "rewards.md").read_text(encoding="utf-8")
+    table = text[text.index("| completion | reference | authors | trl-rpg |"):]
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| `")]
+    examples = [(completion.strip("| `").replace("\\n", "\n"), reference.strip("`"), float(ours.strip(" |")))
+                for completion, reference, _, ours in rows]
+    assert len(examples) == 10
+    for completion, reference, ours in examples:
+        assert paper_math_reward([completion], ground_truth=[reference]) == [ours], (completion, reference)

@@ -2,14 +2,15 @@
 
 * :mod:`trl_rpg.rewards.grading` -- extract a completion's final answer, normalise it, compare it with a reference
   (``math-verify`` with a timeout); the one scoring rule of training and evaluation.
-* :mod:`trl_rpg.rewards.functions` -- :func:`math_reward` (the paper's reward) and :func:`make_overlong_punishment`.
+* :mod:`trl_rpg.rewards.functions` -- :func:`math_reward` (1 correct / 0 wrong), :func:`paper_math_reward` (the
+  paper's +1 / -1), :func:`make_math_reward` (any values) and :func:`make_overlong_punishment`.
 * :mod:`trl_rpg.rewards.registry` -- :data:`REWARD_FUNCS` by name and :func:`check_reward_columns`.
 
 Every public name of the three is importable from here (``from trl_rpg.rewards import math_reward``).
 No module of the package imports torch.
 """
 
-from .functions import make_overlong_punishment, math_reward
+from .functions import make_math_reward, make_overlong_punishment, math_reward, paper_math_reward
 from .grading import (
                       ANSWER_COLUMNS,
                       MATH_VERIFY_TIMEOUT_S,
@@ -34,5 +35,6 @@ from .registry import (
 
 __all__ = ["ANSWER_COLUMNS", "MATH_VERIFY_TIMEOUT_S", "MAX_SYMBOLIC_ANSWER_CHARS", "REWARD_FUNCS", "RewardEntry",
            "check_reward_columns", "completion_to_text", "extract_answer", "get_reward_func", "is_equivalent",
-           "make_overlong_punishment", "math_reward", "normalize_answer", "reference_answer", "register_reward",
-           "reward_columns", "reward_func_name", "score_answer", "score_completion"]
+           "make_math_reward", "make_overlong_punishment", "math_reward", "normalize_answer", "paper_math_reward",
+           "reference_answer", "register_reward", "reward_columns", "reward_func_name", "score_answer",
+           "score_completion"]

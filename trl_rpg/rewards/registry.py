@@ -1,8 +1,9 @@
 """Reward functions by name (the ``--reward_funcs`` of ``trl-rpg train``), and the data-set columns they read.
 
 * :data:`REWARD_FUNCS` / :func:`register_reward` / :func:`get_reward_func` -- reward functions by name: the library's
-  (``math_reward``, ``soft_overlong_punishment``) and TRL's (``accuracy_reward``, ``reasoning_accuracy_reward``,
-  ``think_format_reward``).  The command line adds the toy task's ``toy_reward`` (:mod:`trl_rpg.cli`).
+  (``math_reward``, ``paper_math_reward``, ``soft_overlong_punishment``) and TRL's (``accuracy_reward``,
+  ``reasoning_accuracy_reward``, ``think_format_reward``).  The command line adds the toy task's ``toy_reward``
+  (:mod:`trl_rpg.cli`).
 * :func:`check_reward_columns` -- fail early when a data set lacks the columns the reward functions read
   (:func:`reward_columns`: a function's ``required_columns``).
 
@@ -15,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .functions import make_overlong_punishment, math_reward
+from .functions import make_overlong_punishment, math_reward, paper_math_reward
 from .grading import ANSWER_COLUMNS
 
 __all__ = ["REWARD_FUNCS", "RewardEntry", "check_reward_columns", "get_reward_func", "register_reward",
@@ -87,7 +88,7 @@ def reward_func_name(func: Any) -> str:
     return getattr(inner, "__name__", None) or type(inner).__name__
 
 
-def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) -> None:
+def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None, name: str | None = None) -> None:
     """Check that a data set has the columns the reward functions read, before any model is loaded.
 
     Args:
@@ -95,6 +96,7 @@ def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) 
             declare ``required_columns`` are checked, see :func:`reward_columns`).
         column_names: the data set's columns (``dataset.column_names``); ``None`` (e.g. a streamed data set whose
             columns are unknown) skips the check.
+        name: what the error calls the data set (e.g. ``"eval_dataset['aime']"``); ``None``: "the data set".
 
     Raises:
         ValueError: naming, for each reward function that finds none of its columns, the columns it looks for, and
@@ -111,9 +113,10 @@ def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) 
             looked_for = f"the column {needed[0]!r}" if len(needed) == 1 else f"one of the columns {list(needed)}"
             missing.append(f"reward function {reward_func_name(func)!r} reads {looked_for}")
     if missing:
-        raise ValueError(f"The data set lacks the columns its reward functions read: {'; '.join(missing)}; the data "
-                         f"set has the columns {present}. Rename or add a column, or choose reward functions that "
-                         "read the columns you have.")
+        called = "the data set" if name is None else f"`{name}`"
+        raise ValueError(f"{called[0].upper()}{called[1:]} lacks the columns its reward functions read: "
+                         f"{'; '.join(missing)}; {called} has the columns {present}. Rename or add a column, or "
+                         "choose reward functions that read the columns you have.")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -122,11 +125,18 @@ def check_reward_columns(reward_funcs: Any, column_names: Sequence[str] | None) 
 
 
 @register_reward("math_reward", columns=ANSWER_COLUMNS,
-                 help="the paper's reward: 1 if the final answer (`Answer:` line or \\boxed{}) matches the reference "
-                      "(math-verify, else normalised string); reads `ground_truth`, `reward_model.ground_truth` or "
-                      "`answer` (the default)")
+                 help="1 if the final answer (`Answer:` line or \\boxed{}) matches the reference (math-verify, else "
+                      "normalised string), else 0; reads `ground_truth`, `reward_model.ground_truth` or `answer` (the "
+                      "default)")
 def _build_math_reward(**settings: Any) -> Callable:
     return math_reward
+
+
+@register_reward("paper_math_reward", columns=ANSWER_COLUMNS,
+                 help="math_reward's grading with the paper's values: +1 correct, -1 otherwise (the RPG authors' "
+                      "scorer)")
+def _build_paper_math_reward(**settings: Any) -> Callable:
+    return paper_math_reward
 
 
 @register_reward("soft_overlong_punishment",
