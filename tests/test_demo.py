@@ -8,6 +8,7 @@ import pytest
 
 from trl_rpg import cli
 from trl_rpg.toy import demo
+from trl_rpg.toy import task as toy_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -99,7 +100,8 @@ def test_demo_command_passes_its_options(monkeypatch, tmp_path):
                      "--rpg_divergence", "fkl"]) == 0
     assert seen["output_dir"] == str(tmp_path) and seen["seed"] == 3 and seen["max_steps"] == 7
     assert seen["rl_overrides"] == {"rpg_divergence": "fkl"} and seen["num_threads"] == 1
-    assert seen["eval_every"] == demo.DEMO_EVAL_EVERY
+    assert seen["eval_every"] == demo.DEMO_EVAL_EVERY and seen["sft_steps"] == toy_task.DEFAULT_SFT_STEPS
+    assert cli.main(["demo", "--output_dir", str(tmp_path), "--sft_steps", "20"]) == 0 and seen["sft_steps"] == 20
     with pytest.raises(SystemExit):
         cli.main(["demo", "--rpg_divergence", "nope"])
     help_text = cli.make_demo_parser().format_help()

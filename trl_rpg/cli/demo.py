@@ -8,6 +8,7 @@ import argparse
 def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
     from ..objectives import DIVERGENCES, ESTIMATORS
     from ..toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
+    from ..toy.task import DEFAULT_SFT_STEPS
 
     parser = argparse.ArgumentParser(
         prog=prog, description="Train a tiny model built on the spot (no download) on a toy arithmetic-reasoning task "
@@ -22,6 +23,9 @@ def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
                              "only).")
     parser.add_argument("--num_threads", type=int, default=1,
                         help="torch CPU threads (default: 1, the fastest for a model this small).")
+    parser.add_argument("--sft_steps", type=int, default=DEFAULT_SFT_STEPS,
+                        help=f"Supervised warm-up steps before RPG (default: {DEFAULT_SFT_STEPS}); fewer make a quick "
+                             "check that an install runs, whose accuracies mean little.")
     parser.add_argument("--rpg_divergence", default=None, choices=list(DIVERGENCES),
                         help="Divergence (default: RPGConfig's 'urkl').")
     parser.add_argument("--rpg_estimator", default=None, choices=list(ESTIMATORS),
@@ -35,5 +39,6 @@ def run_demo_command(argv: list[str]) -> int:
     args = make_demo_parser().parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("rpg_divergence", "rpg_estimator") if getattr(args, k) is not None}
     result = run_demo(output_dir=args.output_dir, seed=args.seed, max_steps=args.max_steps,
-                      eval_every=args.eval_every, num_threads=args.num_threads, rl_overrides=overrides)
+                      eval_every=args.eval_every, num_threads=args.num_threads, sft_steps=args.sft_steps,
+                      rl_overrides=overrides)
     return 0 if result["accuracy_after"] >= result["accuracy_before"] else 1
