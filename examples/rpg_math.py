@@ -21,6 +21,8 @@
 * Evaluation: mean@k on AIME 2024, AIME 2025 and AMC 2023 (bundled; `--eval_num_samples 32` is the paper's
   mean@32) after training, optionally before (`--eval_before`). Results go to `<output_dir>/eval_results.json`.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
+* Curves: `<output_dir>/rpg_curves.png` (reward, divergence, the range of `w`, clip fractions over steps), redrawn at
+  every checkpoint and at the end (`trl_rpg.plots.RPGPlotCallback`; matplotlib: `pip install 'trl-rpg[plot]'`).
 
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml examples/rpg_math.py \\
         --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh
@@ -50,6 +52,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_rpg import RPGConfig, RPGTrainer
 from trl_rpg.cli import load_training_data, show_upstream_warnings_once
 from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks, problem_text
+from trl_rpg.plots import RPGPlotCallback
 from trl_rpg.rewards import check_reward_columns, make_overlong_punishment, math_reward, reference_answer
 
 logger = logging.getLogger("rpg_math")
@@ -259,6 +262,7 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         train_dataset=train_dataset,
         peft_config=peft_config,
         quantization_config=get_quantization_config(model_args),
+        callbacks=[RPGPlotCallback()],  # <output_dir>/rpg_curves.png at every checkpoint and at the end
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)

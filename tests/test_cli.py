@@ -199,6 +199,7 @@ def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny
     assert not list(cwd.glob("*.imported"))
     assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr  # DeepSpeed's notice, on every CPU run
     _check_run(out)
+    assert (out / "rpg_curves.png").read_bytes()[:4] == b"\x89PNG"  # the run's curves (trl_rpg.plots)
     # no launcher noise: accelerate gets the values it would otherwise announce, upstream deprecations come once
     assert "were not passed to `accelerate launch`" not in proc.stderr
     deprecations = [line for line in proc.stderr.splitlines() if "FutureWarning:" in line and "deprecated" in line]

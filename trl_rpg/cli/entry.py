@@ -10,6 +10,7 @@ import warnings
 from .arguments import USAGE_ERROR, print_train_help
 from .demo import run_demo_command
 from .launcher import _PROG_ENV, _take_safe_path_setting, launch_train, stop_with_launcher
+from .plot import run_plot_command
 from .training import run_train
 
 _TRL_INTERNAL_DEPRECATIONS = (r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
@@ -29,7 +30,7 @@ def show_upstream_warnings_once() -> None:
 
 
 _USAGE = """\
-usage: {prog} {{train,demo}} ...
+usage: {prog} {{train,demo,plot}} ...
 
 RPG (Regularized Policy Gradient, arXiv:2505.17508) for TRL.
 
@@ -40,6 +41,8 @@ commands:
            the RPG ones (rpg_*) included.
   demo     Train a tiny model on a toy arithmetic task on CPU in about 1-2 minutes (no download); prints held-out
            accuracy before and after and writes the model and a plot of reward and accuracy.
+  plot     Draw a run's curves (reward, divergence, the range of w, clip fractions) from its trainer_state.json:
+           `{prog} plot OUTPUT_DIR` (a run still going too), a checkpoint folder, or the file.
 
 examples:
   {prog} demo
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
     command, rest = argv[0], argv[1:]
     if command == "train":
         if launch:
+            show_upstream_warnings_once()  # for a run the launcher trains in this process
             return launch_train(rest, prog=f"{prog} train")
         _take_safe_path_setting()
         stop_with_launcher()
@@ -71,11 +75,13 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
     if command == "demo":
         show_upstream_warnings_once()
         return run_demo_command(rest)
+    if command == "plot":
+        return run_plot_command(rest, prog=f"{prog} plot")
     if command in ("--version", "version"):
         from .. import __version__
 
         print(f"trl-rpg {__version__}")
         return 0
     print(_USAGE.format(prog=prog), file=sys.stderr)
-    print(f"{prog}: error: unknown command {command!r} (choose 'train' or 'demo')", file=sys.stderr)
+    print(f"{prog}: error: unknown command {command!r} (choose 'train', 'demo' or 'plot')", file=sys.stderr)
     return USAGE_ERROR

@@ -59,6 +59,7 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
     """Train with `RPGTrainer` as TRL's `grpo.py` trains with `GRPOTrainer`; returns the trainer."""
     from trl import get_peft_config, get_quantization_config
 
+    from ..plot_callback import RPGPlotCallback
     from ..trainer import RPGTrainer
 
     setup = setup or prepare_training(script_args, training_args, model_args, dataset_args)
@@ -75,6 +76,7 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
         eval_dataset=setup.eval_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
+        callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at every checkpoint and at the end
     )
     trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
     trainer.accelerator.print("Training completed.")

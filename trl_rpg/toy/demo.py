@@ -104,35 +104,13 @@ class _DemoCallback(TrainerCallback):
 
 
 def plot_curves(rewards: list[tuple[int, float]], accuracy: list[tuple[int, float]], path: str,
-                title: str = "RPG on the toy arithmetic task") -> str:
-    """Write a PNG with the training reward and held-out accuracy over optimizer steps (matplotlib, Agg)."""
-    import matplotlib
+                title: str = "RPG on the toy arithmetic task", log_history: list[dict] | None = None) -> str:
+    """Write the demo's PNG: `trl_rpg.plots.draw_run`'s panels of `log_history` (reward, divergence, the range of
+    `w`, clip fractions; the reward alone from `rewards` without it) with the held-out accuracy on the reward panel."""
+    from ..plots import draw_run
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    if rewards:
-        steps, values = [s for s, _ in rewards], [r for _, r in rewards]
-        ax.plot(steps, values, color="tab:blue", alpha=0.3, lw=1.0, label="training reward (the batch of each step)")
-        window = max(1, len(values) // 15, min(3, len(values) // 4))  # at least 3 batches once there are 12
-        smooth = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
-                  for i in range(len(values))]
-        ax.plot(steps, smooth, color="tab:blue", lw=1.8,
-                label=f"training reward (sampled, T=1; moving mean of {window} batches)")
-    if accuracy:
-        ax.plot([s for s, _ in accuracy], [a for _, a in accuracy], color="tab:red", marker="o", lw=2,
-                label="held-out accuracy (greedy)")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("reward / accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    history = log_history if log_history is not None else [{"step": s, "reward": r} for s, r in rewards]
+    return draw_run(history, path, title=title, extra={"held-out accuracy (greedy)": accuracy} if accuracy else None)
 
 
 def run_demo(
@@ -323,7 +301,8 @@ def _run_demo(output_dir, seed, max_steps, eval_every, threads, sft_steps, num_e
     plot_path = None
     if plot:
         try:
-            plot_path = plot_curves(callback.rewards, callback.accuracy, os.path.join(output_dir, "curves.png"))
+            plot_path = plot_curves(callback.rewards, callback.accuracy, os.path.join(output_dir, "curves.png"),
+                                    log_history=trainer.state.log_history)
         except ImportError:
             say("      (matplotlib is not installed: no plot; pip install 'trl-rpg[demo]')")
     timings["total"] = time.perf_counter() - t0

@@ -1,0 +1,231 @@
+"""A picture of what matters in an RPG run, drawn from its `trainer_state.json` (`log_history`).
+
+Four panels over optimizer steps, each drawn when its metrics were logged (`trl_rpg.loss.metrics` names them):
+
+- reward: TRL's `reward` (the mean reward of the generation batch each step trained on) and a moving mean; each
+  reward function's `rewards/<name>/mean` when there are several; any extra series (the demo's held-out accuracy);
+- divergence: `rpg/divergence`, the divergence estimate per token (0 on a step that trains on a freshly generated
+  batch with the sampler as reference), `rpg/divergence_ema` (`rpg_reference="adaptive"`), and a mark at each step
+  where `rpg/reference_updates` grew;
+- how far off-policy the batch is: the range of `w = pi_theta / mu` per step, `rpg/w_p01` to `rpg/w_p99` as a band,
+  `rpg/w_max` and `rpg/w_mean` (log scale; `w = 1` on-policy);
+- RPG-Style Clip: the fractions of tokens in its zero-gradient regions, `rpg/clip_frac_high` (`A' >= 0`,
+  `w >= 1 + eps_high`), `rpg/clip_frac_low` (`A' < 0`, `w <= 1 - eps_low`), `rpg/clip_frac_dual` (`A' < 0`, `w >= c`).
+
+`trl-rpg plot PATH` draws it from a finished or running run (`PATH`: an `output_dir`, a checkpoint folder or a
+`trainer_state.json`); `RPGPlotCallback` (`trl_rpg.plot_callback`, also importable from here; `trl-rpg train` and
+`examples/rpg_math.py` register it) writes `output_dir/rpg_curves.png` at every checkpoint and at the end of
+training, on the main process. matplotlib is the optional extra `plot` (`pip install 'trl-rpg[plot]'`); it is
+imported only when a picture is drawn, and this module does not import transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+
+__all__ = ["PLOT_FILE", "MissingMatplotlib", "draw_run", "find_trainer_state", "moving_mean", "plot_run", "series"]
+
+#: The picture a training run leaves in its `output_dir`.
+PLOT_FILE = "rpg_curves.png"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+INSTALL_HINT = "pip install 'trl-rpg[plot]'"
+
+
+class MissingMatplotlib(ImportError):
+    """matplotlib is not installed."""
+
+
+def find_trainer_state(path: str) -> str:
+    """The `trainer_state.json` that `path` names: the file itself, or in a folder the newer (by `global_step`) of its
+    own and its newest checkpoint's (a checkpoint folder has its own; an `output_dir` of a run still going has only
+    its checkpoints'). `FileNotFoundError` says what was looked for."""
+    if os.path.isfile(path):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such file or folder (give an output_dir, a checkpoint folder or a "
+                                "trainer_state.json).")
+    own = os.path.join(path, "trainer_state.json")
+    steps = sorted((int(m.group(1)), name) for name in os.listdir(path) if (m := _CHECKPOINT.match(name))
+                   and os.path.isfile(os.path.join(path, name, "trainer_state.json")))
+    candidates = [own] if os.path.isfile(own) else []
+    if steps:
+        candidates.append(os.path.join(path, steps[-1][1], "trainer_state.json"))
+    if not candidates:
+        raise FileNotFoundError(f"{path} holds no trainer_state.json, neither itself nor in a checkpoint-N folder "
+                                "(transformers writes it with each checkpoint: save_strategy, save_steps).")
+    return max(candidates, key=_global_step)
+
+
+def _global_step(state_path: str) -> int:
+    with open(state_path) as f:
+        return int(json.load(f).get("global_step") or 0)
+
+
+def default_output(state_path: str) -> str:
+    """Where `trl-rpg plot` writes by default: the run's `output_dir` (for a checkpoint's state, the folder above
+    it, as `rpg_curves_checkpoint-N.png`: a checkpoint folder itself is left as written)."""
+    folder = os.path.dirname(os.path.abspath(state_path))
+    if _CHECKPOINT.match(os.path.basename(folder)):
+        return os.path.join(os.path.dirname(folder), f"rpg_curves_{os.path.basename(folder)}.png")
+    return os.path.join(folder, PLOT_FILE)
+
+
+def series(log_history: Sequence[dict], key: str) -> tuple[list[int], list[float]]:
+    """`(steps, values)` of one logged metric (entries without it, or without a step, are left out)."""
+    steps, values = [], []
+    for entry in log_history:
+        if key in entry and "step" in entry and isinstance(entry[key], (int, float)):
+            steps.append(int(entry["step"]))
+            values.append(float(entry[key]))
+    return steps, values
+
+
+def moving_mean(values: Sequence[float]) -> tuple[list[float], int]:
+    """The trailing moving mean of `values` and its window: ~1/15 of the points, at least 3 once there are 12."""
+    window = max(1, len(values) // 15, min(3, len(values) // 4))
+    means = [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
+             for i in range(len(values))]
+    return means, window
+
+
+def _figure(panels: int):
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise MissingMatplotlib(f"drawing RPG's curves needs matplotlib, which is not installed: {INSTALL_HINT}") \
+            from error
+    columns = 1 if panels == 1 else 2
+    rows = (panels + columns - 1) // columns
+    figure = Figure(figsize=(7 * columns, 3.6 * rows), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(rows, columns, squeeze=False).flatten()
+    for ax in axes[panels:]:
+        ax.set_visible(False)
+    return figure, list(axes[:panels])
+
+
+def _reward_panel(ax, log_history, extra):
+    steps, values = series(log_history, "reward")
+    shown = list(values)
+    if steps:
+        smooth, window = moving_mean(values)
+        ax.plot(steps, values, color="tab:blue", alpha=0.3 if window > 1 else 1.0, lw=1.0,
+                label="training reward (the batch of each step)")
+        if window > 1:
+            ax.plot(steps, smooth, color="tab:blue", lw=1.8, label=f"training reward (moving mean of {window} steps)")
+    names = sorted({k for entry in log_history for k in entry if re.fullmatch(r"rewards/.+/mean", k)})
+    if len(names) > 1:
+        for name in names:
+            points = series(log_history, name)
+            ax.plot(*points, lw=1.0, label=name)
+            shown += points[1]
+    for label, points in (extra or {}).items():
+        ax.plot([s for s, _ in points], [v for _, v in points], color="tab:red", marker="o", lw=2, label=label)
+        shown += [v for _, v in points]
+    if shown and all(0.0 <= v <= 1.0 for v in shown):
+        ax.set_ylim(-0.02, 1.02)  # rewards and accuracies in [0, 1]: on their whole scale
+    ax.set_ylabel("reward")
+
+
+def _divergence_panel(ax, log_history):
+    ax.plot(*series(log_history, "rpg/divergence"), color="tab:purple", lw=1.2, label="rpg/divergence (per token)")
+    ema = series(log_history, "rpg/divergence_ema")
+    if ema[0]:
+        ax.plot(*ema, color="tab:purple", ls="--", lw=1.2, label="rpg/divergence_ema")
+    steps, updates = series(log_history, "rpg/reference_updates")
+    marked = [s for s, before, now in zip(steps[1:], updates, updates[1:]) if now > before]
+    for i, step in enumerate(marked):
+        ax.axvline(step, color="gray", lw=0.8, ls=":", label="reference update" if i == 0 else None)
+    ax.set_ylabel("divergence to the reference")
+
+
+def _w_panel(ax, log_history):
+    steps, low = series(log_history, "rpg/w_p01")
+    high_steps, high = series(log_history, "rpg/w_p99")
+    if steps and steps == high_steps:
+        ax.fill_between(steps, low, high, color="tab:green", alpha=0.25, lw=0, label="rpg/w_p01 .. rpg/w_p99")
+    for key, style in (("rpg/w_max", dict(color="tab:green", lw=1.2)),
+                       ("rpg/w_mean", dict(color="black", lw=1.0, alpha=0.6))):
+        points = series(log_history, key)
+        if points[0]:
+            ax.plot(*points, label=key, **style)
+    ax.axhline(1.0, color="gray", lw=0.8, ls=":")
+    ax.set_yscale("log")
+    from matplotlib.ticker import FormatStrFormatter
+
+    for axis_ticks in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_ticks(FormatStrFormatter("%.3g"))  # plain numbers: w stays near 1
+    ax.set_ylabel("w = pi_theta / mu")
+
+
+def _clip_panel(ax, log_history):
+    for key, color in (("rpg/clip_frac_high", "tab:orange"), ("rpg/clip_frac_low", "tab:cyan"),
+                       ("rpg/clip_frac_dual", "tab:red")):
+        points = series(log_history, key)
+        if points[0]:
+            ax.plot(*points, color=color, lw=1.2, label=key)
+    ax.set_ylabel("fraction of tokens clipped")
+
+
+_PANELS = (  # (title, metrics any of which makes the panel drawn, drawer)
+    ("divergence", ("rpg/divergence",), _divergence_panel),
+    ("off-policy ratio w", ("rpg/w_p01", "rpg/w_p99", "rpg/w_max"), _w_panel),
+    ("RPG-Style Clip", ("rpg/clip_frac_high", "rpg/clip_frac_low", "rpg/clip_frac_dual"), _clip_panel),
+)
+
+
+def draw_run(log_history: Sequence[dict], path: str, title: str = "RPG training",
+             extra: dict[str, Sequence[tuple[int, float]]] | None = None) -> str:
+    """Write the picture of `log_history` (a `TrainerState.log_history`) to `path` (PNG) and return `path`. The
+    reward panel is always drawn; the others when their metrics were logged. `extra`: more reward-panel series,
+    `{label: [(step, value), ...]}`. Raises `MissingMatplotlib` without matplotlib."""
+    logged = {key for entry in log_history for key in entry}
+    panels = [(name, drawer) for name, keys, drawer in _PANELS if logged.intersection(keys)]
+    figure, axes = _figure(1 + len(panels))
+    _reward_panel(axes[0], log_history, extra)
+    axes[0].set_title("reward")
+    for ax, (name, drawer) in zip(axes[1:], panels):
+        drawer(ax, log_history)
+        ax.set_title(name)
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.set_xlabel("optimizer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def plot_run(path: str, output: str | None = None) -> tuple[str, str, int]:
+    """Draw the run at `path` (an `output_dir`, a checkpoint folder or a `trainer_state.json`); returns `(picture,
+    trainer_state.json read, its global step)`. `output` defaults to `default_output`."""
+    state_path = find_trainer_state(path)
+    with open(state_path) as f:
+        state = json.load(f)
+    history = state.get("log_history")
+    if not isinstance(history, list):
+        raise ValueError(f"{state_path} has no log_history list: it is not a transformers trainer_state.json.")
+    output = output or default_output(state_path)
+    folder = os.path.dirname(os.path.abspath(state_path))
+    title = f"{os.path.basename(folder)} (step {state.get('global_step', '?')})"
+    return draw_run(history, output, title=title), state_path, int(state.get("global_step") or 0)
+
+
+def __getattr__(name):
+    # The training-side hook imports transformers; `trl-rpg plot` and `draw_run` do not need it.
+    if name == "RPGPlotCallback":
+        from .plot_callback import RPGPlotCallback
+
+        return RPGPlotCallback
+    raise AttributeError(f"module 'trl_rpg.plots' has no attribute {name!r}")
