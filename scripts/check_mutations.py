@@ -375,6 +375,11 @@ MUTATIONS = [
              '    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:',
              '    if args.beta == 0 and args.rpg_estimator == "differentiable":',
              "tests/test_beta_keeps_its_meaning.py -k grpo_claim"),
+    Mutation("the reference model left as TRL loads it from the model's path (not the model passed in)",
+             "trl_rpg/reference.py",
+             "        if trainer.ref_model is not None and (warning := self.start_at_policy()):",
+             "        if False:",
+             "tests/test_initial_reference.py -k passed_in_not"),
 ]
 
 

@@ -71,7 +71,9 @@ class RPGConfig(GRPOConfig):
 
         rpg_reference (`str`, *optional*, defaults to `"sampling"`):
             `"sampling"`: the sampling policy of each generation batch (no reference model). `"initial"`: the
-            initial policy, fixed (with PEFT: the adapter-disabled base model). `"periodic"`: `pi_ref <- pi_theta`
+            policy at the start of training, fixed (full fine-tuning: a copy of the model passed in, not the model
+            TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled; a
+            `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`: `pi_ref <- pi_theta`
             every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
             average of the token-level divergence exceeds `rpg_reference_kl_target`.
         rpg_reference_update_steps (`int` or `None`, *optional*):
@@ -165,7 +167,8 @@ class RPGConfig(GRPOConfig):
     # ---- Reference policy ----
     rpg_reference: str = _field(
         "sampling",
-        "Reference policy: 'sampling' (the sampler of each generation batch; no reference model), 'initial' (fixed), "
+        "Reference policy: 'sampling' (the sampler of each generation batch; no reference model), 'initial' (the "
+        "policy at the start of training, fixed), "
         "'periodic' (updated every rpg_reference_update_steps), 'adaptive' (updated when the divergence average "
         "exceeds rpg_reference_kl_target).",
         choices=list(REFERENCE_MODES),
@@ -313,7 +316,8 @@ class RPGConfig(GRPOConfig):
 
         `steps_per_generation` is kept as GRPO resolved it (and `generation_batch_size` re-derived from it), so the
         batch layout of the GRPO script is unchanged. With `beta > 0` the reference is `"initial"`: GRPO's `beta`
-        regularises towards the initial model (with PEFT the adapter-disabled base), and with GRPO's on-policy
+        regularises towards the initial model (here: the model passed in; with a `peft_config` the base model with
+        the adapter disabled, with a `PeftModel` its initial adapter), and with GRPO's on-policy
         layout RPG's default reference (the sampler) would make the KL term vanish.
         """
         if isinstance(args, cls):
@@ -426,7 +430,7 @@ def inert_kl_warning(args) -> str:
 
 _REFERENCE_TEXT = {
     "sampling": "the policy that sampled each batch",
-    "initial": "the initial policy, fixed",
+    "initial": "the policy at the start of training, fixed",
     "periodic": "updated to the policy every {rpg_reference_update_steps} optimizer steps",
     "adaptive": "updated when the divergence average exceeds {rpg_reference_kl_target}",
 }

@@ -4,7 +4,13 @@
 
 - `"sampling"`: the policy that sampled each generation batch. Its log-probs are the stored sampling log-probs, so
   there is no reference model and no extra forward pass (rho = 1); TRL is told `beta = 0` so it builds none.
-- `"initial"`: the initial policy, fixed: TRL's reference model (with PEFT: the model with its adapter disabled).
+- `"initial"`: the policy at the start of training, fixed. Full fine-tuning: TRL's reference model, which TRL
+  loads from the model's path (`config._name_or_path`), made a copy of the model passed in (`start_at_policy`), so a
+  model changed in memory before training (an SFT stage, merged adapters) is its own reference; where the path's
+  model does not have the policy's parameters (resized embeddings), it cannot be, and the trainer warns that the
+  reference is the model as saved at that path. PEFT with a `peft_config`: the model with the new adapter disabled
+  (the base model, equal to the policy at the start while the adapter starts as the identity, as LoRA's default
+  initialisation does). A `PeftModel` passed in: the initial adapter, a frozen copy TRL adds as the adapter "ref".
 - `"periodic"` / `"adaptive"`: pi_ref <- pi_theta every `rpg_reference_update_steps` optimizer steps, or when the
   moving average of the per-step divergence exceeds `rpg_reference_kl_target`. The copy lives in TRL's reference
   model (full fine-tuning) or in a frozen copy of the LoRA adapter named "ref" (PEFT: TRL's `sync_ref_model`
@@ -19,6 +25,7 @@ computed with; a batch reused after an update recomputes them, once.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -81,6 +88,8 @@ class ReferencePolicy:
         self.version = 0  # bumped at each update; buffered reference log-probs of an older version are recomputed
         self.updates = 0
         self.trigger = AdaptiveTrigger(kl_target, kl_decay) if schedule == "adaptive" else None
+        if trainer.ref_model is not None and (warning := self.start_at_policy()):
+            warnings.warn(warning, UserWarning, stacklevel=3)
         if schedule in MOVING:
             self._add_reference_adapter()
 
@@ -89,6 +98,25 @@ class ReferencePolicy:
     @property
     def _policy(self) -> nn.Module:
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
+
+    def start_at_policy(self) -> str | None:
+        """pi_ref <- the policy passed in, once at construction (ZeRO-3-safe, as `update`). TRL's reference model is
+        loaded from the model's path, not copied from the model object. Returns a warning where the path's model does
+        not have the policy's parameters (the reference then stays the model as saved there), else None."""
+        policy, reference = self._policy.named_parameters(), self.trainer.ref_model.named_parameters()
+        policy = [(n, tuple(getattr(p, "ds_shape", p.shape)), p) for n, p in policy]
+        reference = [(n, tuple(getattr(p, "ds_shape", p.shape)), p) for n, p in reference]
+        if [(n, s) for n, s, _ in policy] == [(n, s) for n, s, _ in reference]:
+            copy_parameters([p for _, _, p in policy], [p for _, _, p in reference])
+            return None
+        differ = next((f"{a[0]} {a[1]} vs {b[0]} {b[1]}" for a, b in zip(policy, reference) if a[:2] != b[:2]),
+                      f"{len(policy)} vs {len(reference)} parameters")
+        path = getattr(self._policy.config, "_name_or_path", None)
+        return (f"RPGTrainer: the {self.schedule!r} reference is the model as saved at {path!r}, not the model passed "
+                f"in: TRL loads its reference model from that path, and its parameters differ from the policy's "
+                f"({differ}), so it cannot be made a copy of the policy. The KL term regularises towards the saved "
+                "model. To regularise towards the model as it is now, save it (`model.save_pretrained(path)`) and "
+                "pass that path, or use rpg_reference='sampling'.")
 
     def _add_reference_adapter(self) -> None:
         """With PEFT, a moving reference is a frozen copy of the adapter, not a second model."""
@@ -140,7 +168,7 @@ class ReferencePolicy:
             if trainer.ref_model is not None:
                 ref, _, _ = trainer._get_per_token_logps_and_entropies(
                     trainer.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
-            else:  # PEFT: the "ref" adapter, or the base model with the adapter disabled ("initial")
+            else:  # PEFT: the "ref" adapter (moving, or a PeftModel's initial adapter), or the adapter disabled
                 policy = self._policy
                 adapter = REFERENCE_ADAPTER if REFERENCE_ADAPTER in policy.peft_config else None
                 with _compat.use_adapter(policy, adapter_name=adapter):
