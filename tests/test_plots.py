@@ -93,6 +93,22 @@ def test_a_log_without_rpg_metrics_draws_the_reward_alone(tmp_path, drawn_labels
     assert drawn_labels and all(label.startswith("training reward") for label in drawn_labels)
 
 
+def test_an_output_dir_is_read_from_its_newest_trainer_state(tmp_path):
+    """The newer (by global_step) of the output_dir's own trainer_state.json (a finished run's) and its newest
+    checkpoint's (by number: checkpoint-10 after checkpoint-2), so a resumed run still going is drawn as it is now."""
+    def state(folder, step):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        return str(folder / "trainer_state.json")
+
+    own = state(tmp_path, 1)
+    state(tmp_path / "checkpoint-2", 2)
+    newest = state(tmp_path / "checkpoint-10", 10)
+    assert find_trainer_state(str(tmp_path)) == newest
+    own = state(tmp_path, 12)
+    assert find_trainer_state(str(tmp_path)) == own
+
+
 def test_plot_command_errors_name_what_was_looked_for(tmp_path, capsys):
     from trl_rpg import cli
 
