@@ -384,19 +384,22 @@ def test_rotation_keeps_the_newest_complete_checkpoint_past_a_stale_incomplete_o
     assert not (out / "checkpoint-3").exists() and stale.exists()  # the stale folder is neither counted nor deleted
 
 
-def test_rotation_unit():
-    """Only complete checkpoints count; the one just written and the best are always kept; an incomplete folder
-    below the newest is deleted, one above it left."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as root:
-        for step, complete in [(1, True), (2, False), (3, True), (4, True), (9, False)]:
-            os.makedirs(os.path.join(root, f"checkpoint-{step}"))
-            if complete:
-                open(os.path.join(root, f"checkpoint-{step}", ckpt.MANIFEST_FILE), "w").close()
-        deleted = ckpt.rotate(root, 2, os.path.join(root, "checkpoint-4"), best=os.path.join(root, "checkpoint-1"))
-        assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-2", "checkpoint-3"]
-        assert sorted(os.listdir(root)) == ["checkpoint-1", "checkpoint-4", "checkpoint-9"]
+def test_rotation_unit(tmp_path):
+    """Only this run's folders are considered and only complete checkpoints count; the one just written and the
+    best are always kept; an incomplete folder of this run below the newest is deleted, one above it left; another
+    run's checkpoint and a folder no run recorded are left."""
+    for step, marker, run in [(1, ckpt.MANIFEST_FILE, "mine"), (2, ckpt.WRITING_FILE, "mine"),
+                              (3, ckpt.MANIFEST_FILE, "mine"), (4, ckpt.MANIFEST_FILE, "mine"),
+                              (5, ckpt.MANIFEST_FILE, "other"), (7, None, None), (9, ckpt.WRITING_FILE, "mine")]:
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if marker:
+            (tmp_path / f"checkpoint-{step}" / marker).write_text(json.dumps(
+                {"run_id": run, "written_at": step, "started_at": step}))
+    deleted = ckpt.rotate(str(tmp_path), 2, str(tmp_path / "checkpoint-4"), "mine",
+                          best=str(tmp_path / "checkpoint-1"))
+    assert sorted(os.path.basename(p) for p in deleted) == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-1", "checkpoint-4", "checkpoint-5", "checkpoint-7",
+                                            "checkpoint-9"]
 
 
 def test_a_full_disk_in_the_second_save_keeps_the_first_checkpoint(model_path, tmp_path, monkeypatch):
@@ -447,7 +450,7 @@ def test_every_file_and_folder_is_fsynced_before_the_manifest(tmp_path, monkeypa
     monkeypatch.setattr(os, "replace", lambda a, b: (synced.append(f"replace {b}"), real_replace(a, b)))
     own = ckpt.save_generation_buffer(str(directory), 0, 1, None)
     run = json.loads((finished[0] / "checkpoint-3" / ckpt.MANIFEST_FILE).read_text())["run"]
-    ckpt.write_manifest(str(directory), 1, 1, run, [own], save_only_model=False)
+    ckpt.write_manifest(str(directory), 1, 1, run, [own], save_only_model=False, run_id="a-run")
     manifest_written = synced.index(f"replace {directory / ckpt.MANIFEST_FILE}")
     before = set(synced[:manifest_written])
     for path in (directory / "model.safetensors", directory / "sub" / "shard.pt", directory / "trainer_state.json",
@@ -474,7 +477,7 @@ def test_a_multimodal_buffer_on_another_number_of_processes_is_regenerated(tmp_p
     reported = [ckpt.save_generation_buffer(str(directory), rank, 2, [chunk(2)] * 4) for rank in range(2)]  # 4 / gen.
     assert reported[0]["fields"] == ["num_images", "pixel_values"]
     run = json.loads((finished[0] / "checkpoint-3" / ckpt.MANIFEST_FILE).read_text())["run"]
-    ckpt.write_manifest(str(directory), 2, 2, run, reported, save_only_model=False)
+    ckpt.write_manifest(str(directory), 2, 2, run, reported, save_only_model=False, run_id="a-run")
     plan = ckpt.plan_buffer_restore(ckpt.read_manifest(str(directory)), 1, 4)
     assert plan.action == "drop" and "num_images, pixel_values cannot be split by sample" in plan.reason
     with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):

@@ -1,4 +1,5 @@
-"""Everything trl-rpg relies on inside TRL and transformers, in one place, so an upgrade touches one file.
+"""Everything trl-rpg relies on inside TRL and transformers (and DeepSpeed's checkpoint types), in one place, so an
+upgrade touches one file.
 
 Tested against TRL 1.16 and transformers 5 (`pyproject.toml` pins `trl>=1.16,<1.17`). `tests/test_compat.py`
 checks every name below on the installed versions and fails with a message naming what is missing.
@@ -9,10 +10,16 @@ checks every name below on the installed versions and fails with a message namin
 - `GRPOTrainer._generate_and_score_completions(inputs)`: dynamic sampling, the all-unscored check, reference tags.
 - `GRPOTrainer._save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
 - `Trainer._get_grad_norm(model, grad_norm)`: the non-finite-gradient guard reads the norm clipping computed.
+- `Trainer._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)`: under DeepSpeed, where
+  transformers has DeepSpeed load a resumed checkpoint, every `torch.load` is made weights-only with the DeepSpeed
+  types its checkpoint files hold allowed (`DEEPSPEED_CHECKPOINT_TYPES`; DeepSpeed itself passes
+  `weights_only=False`).
 
 and calls or reads these (`CALLED`, `INSTANCE_ATTRIBUTES`): `_calculate_rewards` (its return value, the gathered
 rewards, is captured during generation, see `capture_return`), `_get_per_token_logps_and_entropies`,
-`get_high_entropy_mask`, `get_off_policy_mask`, `_remove_unused_columns`; the instance attributes `_buffered_inputs`
+`get_high_entropy_mask`, `get_off_policy_mask`, `_remove_unused_columns`, `Trainer._push_from_checkpoint` (the Hub
+upload of a checkpoint, which transformers queues inside its save and RPGTrainer once the checkpoint is complete,
+with `args.push_to_hub` off during transformers' save); the instance attributes `_buffered_inputs`
 and `_step` (the reused generation batch and the micro-step counter of `GRPOTrainer._prepare_inputs`), `_metrics`,
 `beta` (from which TRL decides whether reference log-probs are computed), `ref_model`, `reward_weights`,
 `reward_func_names`, `multi_objective_aggregation`, `shuffle_dataset`, `entropy_coef`, `_last_world_entropy`,
@@ -21,8 +28,9 @@ and `_step` (the reused generation batch and the micro-step counter of `GRPOTrai
 `off_policy_mask_threshold`, `importance_sampling_level`, `use_vllm`, `vllm_importance_sampling_correction`.
 
 It also reuses TRL's `is_async_callable` (the rule by which `GRPOTrainer` decides to await a reward function, which
-the reward wrapper keeps) rather than a copy of it. One more TRL helper is imported where it is used, not here:
-`trl.cli.commands.training._subtract_subsequence` (`trl <command>`'s split of the arguments its parser did not
+the reward wrapper keeps) rather than a copy of it, and TRL's `get_trackio_space_url` / `get_comet_experiment_url`
+(the tracker links of the model card, `trl_rpg.model_card`). One more TRL helper is imported where it is used, not
+here: `trl.cli.commands.training._subtract_subsequence` (`trl <command>`'s split of the arguments its parser did not
 consume), by `trl_rpg/cli/launcher.py`, which must not load this module's TRL trainer and model utilities.
 
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
@@ -37,7 +45,7 @@ from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import is_async_callable, use_adapter
+from trl.trainer.utils import get_comet_experiment_url, get_trackio_space_url, is_async_callable, use_adapter
 
 #: Keys of a TRL generation batch that are forwarded to the model as multimodal inputs.
 MULTIMODAL_KEYS = (
@@ -47,10 +55,10 @@ MULTIMODAL_KEYS = (
 
 #: GRPOTrainer / Trainer methods RPGTrainer overrides.
 OVERRIDDEN = ("_compute_loss", "_generate_and_score_completions", "_save_checkpoint", "_load_optimizer_and_scheduler",
-              "_get_grad_norm")
+              "_get_grad_norm", "_prepare_for_training")
 #: GRPOTrainer methods RPGTrainer calls.
 CALLED = ("_calculate_rewards", "_get_per_token_logps_and_entropies", "get_high_entropy_mask", "get_off_policy_mask",
-          "_remove_unused_columns", "_prepare_inputs")
+          "_remove_unused_columns", "_prepare_inputs", "_push_from_checkpoint")
 #: Attributes a built GRPOTrainer must have.
 INSTANCE_ATTRIBUTES = (
     "_buffered_inputs", "_step", "_metrics", "beta", "ref_model", "reward_weights", "reward_func_names",
@@ -63,6 +71,26 @@ INSTANCE_ATTRIBUTES = (
 #: Fields of a text-only training generation batch of TRL 1.16 (with steps_per_generation > accumulation steps).
 GENERATION_BATCH_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
                            "num_items_in_batch", "old_per_token_logps")
+
+
+#: The classes (besides tensors and plain data) in DeepSpeed 0.19's ZeRO-1/2/3 checkpoint files, found by loading the
+#: files of real ZeRO-2 and ZeRO-3 checkpoints (fp32 and bf16, full fine-tuning and LoRA) with `weights_only=True`:
+#: the optimizer state's parameter slice map, its loss scaler (dynamic with fp16) and the ZeRO stage. Each holds
+#: numbers only; allowing them lets `torch.load(weights_only=True)` rebuild them and nothing else.
+DEEPSPEED_CHECKPOINT_TYPES = (
+    "deepspeed.utils.tensor_fragment.fragment_address",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+)
+
+
+def deepspeed_checkpoint_types() -> list[type]:
+    """The classes of `DEEPSPEED_CHECKPOINT_TYPES` (DeepSpeed is imported: call it only where DeepSpeed runs)."""
+    import importlib
+
+    return [getattr(importlib.import_module(module), name)
+            for module, name in (path.rsplit(".", 1) for path in DEEPSPEED_CHECKPOINT_TYPES)]
 
 
 @contextmanager
@@ -114,7 +142,8 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 
 __all__ = [
-    "CALLED", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN",
+    "CALLED", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS",
+    "OVERRIDDEN", "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "is_async_callable",
-    "missing_internals", "trl_sees_beta", "use_adapter",
+    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "trl_sees_beta", "use_adapter",
 ]

@@ -263,9 +263,11 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-        # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing fails.
+        # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing is told so.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
             resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
+        elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
+            checkpoint.warn_if_other_runs(self.args.output_dir)
         if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
             logger.warning(describe_objective(self.args))
         self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
@@ -283,27 +285,51 @@ class RPGTrainer(GRPOTrainer):
         before transformers reads it (`checkpoint.resume_checkpoint`); every process raises the same error."""
         acc, args = self.accelerator, self.args
         return checkpoint.resume_checkpoint(
-            request, args.output_dir, checkpoint.run_identity(args, acc.unwrap_model(self.model)), args.max_steps,
-            acc.num_processes, acc.process_index, acc.is_main_process,
-            gather_object if acc.num_processes > 1 else lambda values: values)
+            request, args.output_dir, self._run_identity(), args.max_steps, acc.num_processes, acc.process_index,
+            acc.is_main_process, gather_object if acc.num_processes > 1 else lambda values: values)
+
+    def _run_identity(self) -> dict:
+        """What identifies this run in a checkpoint (`checkpoint.run_identity`), with its DeepSpeed ZeRO stage."""
+        acc = self.accelerator
+        stage = acc.state.deepspeed_plugin.zero_stage if self.is_deepspeed_enabled else None
+        return checkpoint.run_identity(self.args, acc.unwrap_model(self.model), zero_stage=stage)
+
+    def _run_id(self) -> str:
+        """This run's id (`checkpoint.run_id`, kept in `trainer_state.json`), the main process's on every process."""
+        acc = self.accelerator
+        return checkpoint.run_id(self.state.stateful_callbacks,
+                                 (lambda value: gather_object([value])[0]) if acc.num_processes > 1 else None)
+
+    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
+        # Override: here transformers has DeepSpeed load a resumed checkpoint, with torch.load(weights_only=False).
+        if resume_from_checkpoint is None or not self.is_deepspeed_enabled:
+            return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        with checkpoint.deepspeed_loads_weights_only(resume_from_checkpoint):
+            return super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
 
     def _save_checkpoint(self, model, trial):
-        # Override: RPG's files and the manifest after TRL's; rotation (RPG's) only after the manifest, so a crash
-        # mid-save never leaves a checkpoint that looks complete nor deletes the last complete one.
+        # Override: the folder emptied first; RPG's files and the manifest after TRL's; then rotation (RPG's: this
+        # run's checkpoints only) and the Hub upload, so a crash mid-save never leaves a checkpoint that looks
+        # complete, deletes the last complete one, or uploads a checkpoint that cannot be resumed.
         run_dir = self._get_output_dir(trial=trial)
         output_dir = os.path.join(run_dir, f"{_compat.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        limit = self.args.save_total_limit
-        self.args.save_total_limit = None  # TRL's rotation runs inside its save, before the manifest exists
+        run_id = self._run_id()
+        limit, push = self.args.save_total_limit, self.args.push_to_hub
+        # transformers rotates and queues the Hub upload inside its save, before RPG's files and the manifest exist
+        self.args.save_total_limit, self.args.push_to_hub = None, False
         try:
             with checkpoint.explain_disk_full(output_dir):
                 if self.args.should_save:
-                    checkpoint.begin_checkpoint(output_dir, self.state.global_step)
+                    checkpoint.begin_checkpoint(output_dir, self.state.global_step, run_id)
+                self.accelerator.wait_for_everyone()  # no process writes into the folder before it is emptied
                 super()._save_checkpoint(model, trial)
                 self._save_rpg_files(output_dir)
         finally:
-            self.args.save_total_limit = limit
+            self.args.save_total_limit, self.args.push_to_hub = limit, push
         if self.args.should_save:
-            checkpoint.rotate(run_dir, limit, output_dir, self.state.best_model_checkpoint)
+            checkpoint.rotate(run_dir, limit, output_dir, run_id, self.state.best_model_checkpoint)
+        if push:
+            self._push_from_checkpoint(output_dir)  # transformers' upload, of the complete checkpoint
 
     def _save_rpg_files(self, output_dir: str) -> None:
         args, acc = self.args, self.accelerator
@@ -318,8 +344,8 @@ class RPGTrainer(GRPOTrainer):
         reported = gather_object([own]) if acc.num_processes > 1 else [own]
         acc.wait_for_everyone()
         if args.should_save:
-            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, checkpoint.run_identity(
-                args, acc.unwrap_model(self.model)), reported, args.save_only_model)
+            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, self._run_identity(),
+                                      reported, args.save_only_model, self._run_id())
 
     def _load_optimizer_and_scheduler(self, resume_from):
         # Override: restore RPG's state with the optimizer's (called once on resume, on every process; the

@@ -51,7 +51,14 @@ from .files import (
     save_state,
     write_json_atomic,
 )
-from .identity import IDENTITY_FIELDS, RESTORED_WITH_OPTIMIZER, compare_runs, run_identity
+from .identity import (
+    IDENTITY_FIELDS,
+    RESTORED_WITH_OPTIMIZER,
+    check_same_deepspeed_stage,
+    compare_runs,
+    dtype_change,
+    run_identity,
+)
 from .layout import (
     BUFFER_META_FILE,
     BUFFER_TENSORS_FILE,
@@ -73,18 +80,21 @@ from .layout import (
 )
 from .manifest import (
     begin_checkpoint,
+    check_nothing_unlisted,
     read_manifest,
     required_files,
     validate_manifest,
     verify_checkpoint,
     write_manifest,
 )
+from .runs import RUN_STATE_KEY, checkpoint_folders, empty_for_save, run_id, run_of, warn_if_other_runs
+from .safe_loading import deepspeed_loads_weights_only
 from .selection import (
     check_folder,
-    checkpoint_folders,
     choose,
     is_complete,
     last_complete_checkpoint,
+    latest_run_folders,
     resume_checkpoint,
     rotate,
     verify_for_process,
@@ -99,6 +109,7 @@ __all__ = [
     "REFERENCE_FILE",
     "REFUSED_AT_ONCE",
     "RESTORED_WITH_OPTIMIZER",
+    "RUN_STATE_KEY",
     "STATE_FILE",
     "TRAINER_STATE_FILE",
     "WRITING_FILE",
@@ -114,15 +125,21 @@ __all__ = [
     "begin_checkpoint",
     "buffer_ranks_needed",
     "check_folder",
+    "check_nothing_unlisted",
+    "check_same_deepspeed_stage",
     "checkpoint_folders",
     "choose",
     "compare_runs",
+    "deepspeed_loads_weights_only",
+    "dtype_change",
+    "empty_for_save",
     "explain_disk_full",
     "file_record",
     "file_records",
     "fsync_tree",
     "is_complete",
     "last_complete_checkpoint",
+    "latest_run_folders",
     "load_generation_buffer",
     "load_reference",
     "load_state",
@@ -134,13 +151,16 @@ __all__ = [
     "restore_buffers",
     "resume_checkpoint",
     "rotate",
+    "run_id",
     "run_identity",
+    "run_of",
     "save_generation_buffer",
     "save_reference",
     "save_state",
     "validate_manifest",
     "verify_checkpoint",
     "verify_for_process",
+    "warn_if_other_runs",
     "write_json_atomic",
     "write_manifest",
 ]

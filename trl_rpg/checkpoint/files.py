@@ -85,20 +85,26 @@ DISK_FULL_BYTES = 64 << 20
 @contextmanager
 def explain_disk_full(directory: str) -> Iterator[None]:
     """Within the block, a write failing because the disk is full (`ENOSPC`, or torch's `unexpected pos` with no
-    space left) raises `CheckpointDiskFull` saying so and where. The checkpoint stays without a manifest, so it is
-    never resumed from; nothing else is deleted."""
+    space left) or the user's disk quota is exceeded (`EDQUOT`, with space left on the disk) raises
+    `CheckpointDiskFull` saying so and where. The checkpoint stays without a manifest, so it is never resumed from;
+    nothing else is deleted."""
     try:
         yield
     except (OSError, RuntimeError) as error:
-        full = (getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
+        code = getattr(error, "errno", None)
+        full = (code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
                 or _free_bytes(directory) < DISK_FULL_BYTES)
         if not full or isinstance(error, CheckpointDiskFull):
             raise
+        free = _free_bytes(directory)
+        what = (f"Your disk quota is exceeded on the disk holding {directory} ({free} bytes free on the disk)"
+                if code == errno.EDQUOT else f"The disk holding {directory} is full ({free} bytes free)")
         raise CheckpointDiskFull(
-            errno.ENOSPC, f"The disk holding {directory} is full ({_free_bytes(directory)} bytes free) while writing "
-            f"this checkpoint ({type(error).__name__}: {error}). The checkpoint is left incomplete (no "
-            f"{MANIFEST_FILE}), so it will never be resumed from; the earlier checkpoints are untouched. Free some "
-            "space (or lower save_total_limit), then resume with resume_from_checkpoint=True.") from error
+            errno.EDQUOT if code == errno.EDQUOT else errno.ENOSPC,
+            f"{what} while writing this checkpoint ({type(error).__name__}: {error}). The checkpoint is left "
+            f"incomplete (no {MANIFEST_FILE}), so it will never be resumed from; the earlier checkpoints are "
+            "untouched. Free some space (or lower save_total_limit), then resume with "
+            "resume_from_checkpoint=True.") from error
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ written last (`write_manifest`) listing every file with its size and SHA-256, it
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from .layout import (
     CheckpointError,
     ManifestError,
 )
+from .runs import empty_for_save
 
 # ----------------------------------------------------------------------------------------------------------------
 # Writing
@@ -39,18 +41,20 @@ def _listing(directory: str) -> list[str]:
     return files
 
 
-def begin_checkpoint(directory: str, step: int) -> None:
-    """Mark `directory` as being written (main process, before any file): a stale manifest is removed, so a crash
-    from here on leaves a folder that says it was interrupted."""
+def begin_checkpoint(directory: str, step: int, run_id: str) -> None:
+    """Empty `directory` (`runs.empty_for_save`: an earlier write's files, an old manifest above all, are never
+    certified by this save's manifest) and mark it as being written by run `run_id` (each saving process, before any
+    process writes a file), so a crash from here on leaves a folder that says it was interrupted."""
+    empty_for_save(directory, run_id)
     os.makedirs(directory, exist_ok=True)
-    if os.path.lexists(os.path.join(directory, MANIFEST_FILE)):
-        os.remove(os.path.join(directory, MANIFEST_FILE))
-    write_json_atomic(os.path.join(directory, WRITING_FILE), {"step": int(step)})
+    write_json_atomic(os.path.join(directory, WRITING_FILE),
+                      {"step": int(step), "run_id": run_id, "started_at": time.time()})
 
 
 def write_manifest(directory: str, global_step: int, world_size: int, run: dict[str, Any],
-                   reported: Sequence[dict[str, Any]], save_only_model: bool) -> None:
-    """The completion marker: written last, by the main process, once every process has written its files.
+                   reported: Sequence[dict[str, Any]], save_only_model: bool, run_id: str) -> None:
+    """The completion marker: written last, by the main process, once every process has written its files; it
+    records `run_id` (the run that wrote it, `runs.run_id`) and the time.
 
     `reported[r]` is what process r's `save_generation_buffer` returned (its files hashed and fsynced by r itself: on
     a cluster whose nodes write to local disks the main process cannot see them). Every other file the main
@@ -62,7 +66,8 @@ def write_manifest(directory: str, global_step: int, world_size: int, run: dict[
     files.update(rank_files)
     fsync_tree(directory)
     manifest = {
-        "format": FORMAT_VERSION, "global_step": int(global_step), "world_size": int(world_size),
+        "format": FORMAT_VERSION, "run_id": run_id, "written_at": time.time(), "global_step": int(global_step),
+        "world_size": int(world_size),
         "steps_per_generation": run["batch"]["steps_per_generation"], "rpg_reference": run["rpg_reference"],
         "save_only_model": bool(save_only_model), "run": run,
         "rank_files": [sorted(own["files"]) for own in reported], "buffer_rows": [own["rows"] for own in reported],
@@ -104,15 +109,17 @@ def validate_manifest(manifest: Any, directory: str) -> dict[str, Any]:
         found = manifest.get("format", 1) if isinstance(manifest, dict) else "unknown"
         raise CheckpointError(f"{directory} was written by another trl-rpg version (checkpoint format {found}, this "
                               f"version reads format {FORMAT_VERSION}); it cannot be resumed.")
+    _expect(manifest, "run_id", directory, lambda v: isinstance(v, str) and v != "")
+    _expect(manifest, "written_at", directory, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
     _expect(manifest, "global_step", directory, lambda v: _is_int(v) and v >= 0)
     world = _expect(manifest, "world_size", directory, lambda v: _is_int(v) and v >= 1)
     _expect(manifest, "steps_per_generation", directory, lambda v: _is_int(v) and v >= 1)
     _expect(manifest, "rpg_reference", directory, lambda v: isinstance(v, str))
     _expect(manifest, "save_only_model", directory, lambda v: isinstance(v, bool))
     _expect(manifest, "run", directory, lambda v: isinstance(v, dict) and isinstance(v.get("model"), dict)
-            and "rpg_reference" in v
+            and "rpg_reference" in v and "deepspeed_zero_stage" in v
             and all(isinstance(v.get(g), dict) for g in IDENTITY_FIELDS)
-            and {"name", "peft", "parameters", "tensors"} <= set(v["model"]))
+            and {"name", "peft", "parameters", "tensors", "dtypes"} <= set(v["model"]))
     _expect(manifest, "rank_files", directory, lambda v: isinstance(v, list) and len(v) == world and all(
         isinstance(names, list) and all(isinstance(n, str) for n in names) for names in v))
     _expect(manifest, "buffer_rows", directory, lambda v: isinstance(v, list) and len(v) == world and all(
@@ -173,6 +180,37 @@ def required_files(manifest: dict[str, Any]) -> list[str]:
     return names
 
 
+def _deepspeed_folders_not_read(directory: str) -> set[str]:
+    """DeepSpeed's `global_stepN` folders other than the one `latest` names (DeepSpeed reads only that one): e.g. an
+    earlier checkpoint's, kept by a Hub folder that each push adds to."""
+    try:
+        with open(os.path.join(directory, "latest")) as f:
+            tag = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        tag = None
+    return {name for name in os.listdir(directory) if name.startswith("global_step") and name != tag
+            and os.path.isdir(os.path.join(directory, name))}
+
+
+def check_nothing_unlisted(directory: str, files: dict[str, Any]) -> None:
+    """Refuse a file in the checkpoint folder that its manifest does not list: it was added after the checkpoint was
+    written (a copy, a sync, an upload into a folder that kept an earlier upload's files), and transformers would
+    read it in place of the checkpoint's own (an unlisted model.safetensors is loaded before a listed adapter).
+    Hidden files and DeepSpeed folders DeepSpeed does not read are left alone."""
+    skipped = _deepspeed_folders_not_read(directory)
+    for root, folders, names in os.walk(directory):
+        folders[:] = [f for f in folders if not f.startswith(".") and (root != directory or f not in skipped)]
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(root, name), directory)
+            if name.startswith(".") or relative in files or relative == MANIFEST_FILE:
+                continue
+            raise CheckpointError(
+                f"{os.path.join(directory, relative)} is not listed in the checkpoint's manifest: it was added after "
+                "the checkpoint was written (a copy, a sync, or an upload into a folder that kept an earlier "
+                "upload's files), and transformers would read it in place of the checkpoint's own files. Delete it "
+                "to resume from this checkpoint.")
+
+
 def _check_trainer_state(directory: str, manifest: dict[str, Any]) -> None:
     state = read_json(os.path.join(directory, TRAINER_STATE_FILE), "transformers' trainer state")
     step = state.get("global_step") if isinstance(state, dict) else None
@@ -186,9 +224,9 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
     problem.
 
     Checks the manifest, that `run` (`run_identity` of the run resuming it) can continue it, and that it holds the
-    optimizer; then the files: with `ranks=None` every listed file except other processes' buffers, and the step of
-    `trainer_state.json` (what the main process checks), else only the buffer files of `ranks` (what each process
-    checks for the buffers it will load).
+    optimizer; then the files: with `ranks=None` every listed file except other processes' buffers, that the folder
+    holds no file the manifest does not list, and the step of `trainer_state.json` (what the main process checks),
+    else only the buffer files of `ranks` (what each process checks for the buffers it will load).
     """
     manifest = read_manifest(directory)
     compare_runs(directory, manifest["run"], run)
@@ -216,5 +254,6 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
             raise CheckpointError(f"{os.path.join(directory, name)} does not match the checksum recorded in the "
                                   "checkpoint: the file is damaged or was changed after the checkpoint was written.")
     if ranks is None:
+        check_nothing_unlisted(directory, files)
         _check_trainer_state(directory, manifest)
     return manifest

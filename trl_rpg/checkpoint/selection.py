@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from .. import _compat
 from .buffers import buffer_ranks_needed, plan_buffer_restore
 from .identity import compare_runs
 from .layout import (
@@ -24,23 +23,13 @@ from .layout import (
     NotAnRPGCheckpoint,
 )
 from .manifest import verify_checkpoint
+from .runs import checkpoint_folders, folder_names, run_of
 
 logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Which checkpoint to resume from
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def checkpoint_folders(output_dir: str) -> list[str]:
-    """Every `checkpoint-N` folder under `output_dir`, newest (highest N) first."""
-    if not os.path.isdir(output_dir):
-        return []
-    prefix = _compat.PREFIX_CHECKPOINT_DIR + "-"
-    found = [(int(name[len(prefix):]), os.path.join(output_dir, name)) for name in os.listdir(output_dir)
-             if name.startswith(prefix) and name[len(prefix):].isdigit()
-             and os.path.isdir(os.path.join(output_dir, name))]
-    return [path for _, path in sorted(found, reverse=True)]
 
 
 def is_complete(directory: str) -> bool:
@@ -75,17 +64,35 @@ def check_folder(directory: str) -> None:
                              f"{TRAINER_STATE_FILE}.")
 
 
+def latest_run_folders(output_dir: str) -> list[str]:
+    """The checkpoints `resume_from_checkpoint=True` tries, newest step first: those of the run that completed a
+    checkpoint last (the latest manifest time), and the folders that record no run (another trainer's, a damaged
+    marker: they fail with their own error). Other runs' checkpoints are passed over with a warning naming them."""
+    folders = checkpoint_folders(output_dir)
+    completed = [run_of(path, complete_only=True) for path in folders]
+    if not any(run for run, _ in completed):
+        return folders
+    latest = max((record for record in completed if record[0]), key=lambda record: record[1])[0]
+    owners = {path: run_of(path)[0] for path in folders}
+    others = [path for path in folders if owners[path] not in (latest, None)]
+    if others:
+        logger.warning("resume_from_checkpoint=True: %s (another run) are passed over; output_dir=%r holds "
+                       "checkpoints of several runs, and the one that completed a checkpoint last is resumed.",
+                       folder_names(others), output_dir)
+    return [path for path in folders if path not in others]
+
+
 def choose(request: str | bool, output_dir: str, verify: Callable[[str], dict[str, Any]],
            agree: Callable[[Any], list]) -> tuple[str, dict[str, Any]]:
     """The checkpoint to resume from and its manifest.
 
-    `request` is a path (refused if it fails) or `True`: every `checkpoint-N` of `output_dir`, newest first, each
-    that fails passed over with a warning, except a checkpoint of another run (`REFUSED_AT_ONCE`), refused. `verify`
-    is this process's share of the checks (`verify_for_process`); `agree` gathers one value from every process, so
-    every process takes the same decision and raises the same error. When none passes, the error names each
-    candidate and why it failed.
+    `request` is a path (refused if it fails) or `True`: the checkpoints of `latest_run_folders`, newest first, each
+    that fails passed over with a warning, except a checkpoint another run could not continue (`REFUSED_AT_ONCE`),
+    refused. `verify` is this process's share of the checks (`verify_for_process`); `agree` gathers one value from
+    every process, so every process takes the same decision and raises the same error. When none passes, the error
+    names each candidate and why it failed.
     """
-    candidates = [str(request)] if request is not True else checkpoint_folders(output_dir)
+    candidates = [str(request)] if request is not True else latest_run_folders(output_dir)
     if not candidates:
         raise NoSuchCheckpoint(f"resume_from_checkpoint=True: output_dir={output_dir!r} holds no checkpoint-N "
                                "folder.")
@@ -127,6 +134,8 @@ def resume_checkpoint(request: str | bool, output_dir: str, run: dict[str, Any],
     path, manifest = choose(request, output_dir, lambda p: verify_for_process(p, run, world_size, rank, main),
                             lambda failure: gather([failure]))
     if main:
+        logger.warning("RPGTrainer: resuming from %s at step %d (verified: its %d files match the sizes and "
+                       "SHA-256 checksums its manifest records).", path, manifest["global_step"], len(manifest["files"]))
         warn_changes(path, manifest, run)
         warn_if_finished(path, manifest, max_steps)
     return path
@@ -153,14 +162,17 @@ def warn_changes(directory: str, manifest: dict[str, Any], run: dict[str, Any]) 
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def rotate(run_dir: str, save_total_limit: int | None, newest: str, best: str | None = None) -> list[str]:
-    """Delete old checkpoints once `newest` is complete, keeping at most `save_total_limit` complete ones: `newest`
-    always, `best` (the best model checkpoint) always, then the highest-numbered. Only complete checkpoints count;
-    an incomplete folder numbered below `newest` (an interrupted write, never resumed from) is deleted, one above it
-    (e.g. another run's) is left alone. Returns the folders deleted."""
+def rotate(run_dir: str, save_total_limit: int | None, newest: str, run_id: str, best: str | None = None
+           ) -> list[str]:
+    """Delete old checkpoints of run `run_id` once `newest` is complete, keeping at most `save_total_limit` complete
+    ones: `newest` always, `best` (the best model checkpoint) always, then the highest-numbered. Only this run's
+    folders are considered (`runs.run_of`: another run's, or another trainer's, are never deleted) and only complete
+    checkpoints count; an incomplete folder of this run numbered below `newest` (an interrupted write, never resumed
+    from) is deleted, one above it (written before the checkpoint this run resumed) is left alone. Returns the
+    folders deleted."""
     if save_total_limit is None or save_total_limit <= 0 or not is_complete(newest):
         return []
-    folders = checkpoint_folders(run_dir)
+    folders = [path for path in checkpoint_folders(run_dir) if run_of(path)[0] == run_id]
     same = {os.path.abspath(p) for p in (newest, best) if p}
     complete = [p for p in folders if is_complete(p)]
     keep = [p for p in complete if os.path.abspath(p) in same]
