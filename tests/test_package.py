@@ -116,3 +116,21 @@ def test_the_installed_wheel_runs_the_demo_and_finds_its_own_configs(built):
     assert metrics["max_steps"] == 2 and "[4/4] held-out accuracy after RPG" in proc.stdout
     assert {"model.safetensors", "config.json", "tokenizer.json", "curves.png", "README.md"} <= {
         p.name for p in out.iterdir()}
+
+
+def test_citation_file_cites_the_paper_as_the_model_card_does_and_this_version():
+    import re
+
+    import yaml
+
+    from trl_rpg import __version__
+    from trl_rpg.model_card import RPG_PAPER
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    paper = cff["preferred-citation"]
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "Apache-2.0" and cff["version"] == __version__
+    assert re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1) == __version__
+    assert paper["title"] == RPG_PAPER["title"] and paper["year"] == 2026
+    assert f"arXiv:{RPG_PAPER['id']}" in {i["value"] for i in paper["identifiers"]}
+    names = " and ".join(f"{a['given-names']} {a['family-names']}" for a in paper["authors"])
+    assert f"author       = {{{names}}}" in RPG_PAPER["citation"]

@@ -91,6 +91,11 @@ REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
     ReviewedMethod("GRPOTrainer", "train", "12af1a3d2e4b8ae6",
                    "wrapped: RPG verifies the checkpoint it resumes from and judges the run after it"),
     ReviewedMethod("GRPOTrainer", "_remove_unused_columns", "be453e76dbd69389", "called by dynamic sampling"),
+    ReviewedMethod("GRPOTrainer", "_prepare_for_training", "ba121f7f1d0bf192",
+                   "wrapped under DeepSpeed: it is where DeepSpeed loads a resumed checkpoint, made weights-only"),
+    ReviewedMethod("GRPOTrainer", "_push_from_checkpoint", "a8e4156fde354a4c",
+                   "called by RPG once a checkpoint is complete (transformers calls it inside its save, before RPG's "
+                   "files and the manifest exist)"),
     ReviewedMethod("Trainer", "_save_checkpoint", "d9833db7afa987cd",
                    "RPG's checkpoint order relies on what it writes and on its rotation (`save_total_limit`)"),
     ReviewedMethod("GRPOConfig", "__post_init__", "aee78ba2191fa4d6",
@@ -241,7 +246,8 @@ GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
               "GRPOConfig keeps its value"),
     FieldRule("epsilon_high", "changed default",
               "0.28, the paper's clip-higher, when neither `epsilon` nor `epsilon_high` is set (GRPO: `epsilon`); "
-              "setting only `epsilon` gives GRPO's symmetric region; must be > 0"),
+              "setting only `epsilon` gives GRPO's symmetric region; must be at least 2^-23 (float32's resolution "
+              "at 1, in which the ratio is compared)"),
     FieldRule("steps_per_generation", "changed default",
               "`rpg_generation_reuse` (4) x `gradient_accumulation_steps` when neither it, `generation_batch_size` "
               "nor `num_iterations > 1` is set (GRPO: `gradient_accumulation_steps`): with the sampler as "
@@ -252,8 +258,8 @@ GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
               "'grpo', 'dr_grpo'); 'cispo', 'sapo', 'vespo', 'luspo' (other per-token losses) are refused",
               in_readme=True),
     FieldRule("epsilon", "accepted",
-              "the lower width of RPG-Style Clip (0.2, as in GRPO); must be > 0 (with 0, on-policy tokens would get "
-              "no gradient)", in_readme=True),
+              "the lower width of RPG-Style Clip (0.2, as in GRPO); must be at least 2^-23 (float32's resolution at "
+              "1: with 0, or 1e-8, on-policy tokens would get no gradient)", in_readme=True),
     FieldRule("importance_sampling_level", "accepted",
               "'token' or 'sequence' (GSPO: changes the reward term's ratio only)", in_readme=True),
     FieldRule("vllm_importance_sampling_correction", "accepted",
