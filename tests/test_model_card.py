@@ -137,28 +137,92 @@ def test_card_of_a_model_built_in_code(tmp_path):
     assert "huggingface.co/None" not in text and 'model="None"' not in text
 
 
+def _card_args(tmp_path, **overrides):
+    values = dict(rpg_divergence="rkl", rpg_estimator="reinforce", rpg_reference="adaptive", epsilon=0.1,
+                  epsilon_high=0.3, rpg_dual_clip_c=None, loss_type="bnpo", beta=0.25, steps_per_generation=8,
+                  gradient_accumulation_steps=2, num_iterations=1, scale_rewards="group",
+                  output_dir=str(tmp_path / "out"))
+    return SimpleNamespace(**{**values, **overrides})
+
+
 def test_hub_names_keep_their_links(model_path, tmp_path):
-    from trl_rpg.model_card import hub_repo_id, repair
+    """A Hub base model and data set are linked (and in the metadata), as TRL's card links them; anything
+    `huggingface_hub.utils.validate_repo_id` refuses, a local path or a data file is not."""
+    from trl_rpg.model_card import hub_repo_id, render
 
     assert hub_repo_id("Qwen/Qwen3-1.7B") == "Qwen/Qwen3-1.7B" and hub_repo_id("gsm8k") == "gsm8k"
     assert hub_repo_id("data.parquet") is None and hub_repo_id("my data") is None and hub_repo_id(model_path) is None
-    card = ("This model is a fine-tuned version of [Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B) on the "
-            "[gsm8k](https://huggingface.co/datasets/gsm8k) dataset.\n"
-            'generator = pipeline("text-generation", model="None", device_map="auto")')
-    fixed = repair(card, "Qwen/Qwen3-1.7B", "gsm8k", load_as="me/qwen-rpg")
-    assert fixed.split("\n")[0] == card.split("\n")[0]
-    assert 'model="me/qwen-rpg"' in fixed
+    for refused in ("a--b", "a..b", "org/a/b", "model.git", "-a", "x" * 97, "Qwén/model", "", None):
+        assert hub_repo_id(refused) is None, refused  # validate_repo_id's rule (ASCII only: the Hub's)
+    text = str(render(_card_args(tmp_path), base_model="Qwen/Qwen3-1.7B", model_name="qwen-rpg",
+                      dataset_name="gsm8k", load_as="me/qwen-rpg", tags=["generated_from_trainer", "rpg"]))
+    assert ("This model is a fine-tuned version of [Qwen/Qwen3-1.7B](https://huggingface.co/Qwen/Qwen3-1.7B) on the "
+            "[gsm8k](https://huggingface.co/datasets/gsm8k) dataset.\n") in text
+    assert 'model="me/qwen-rpg"' in text
+    card = ModelCard(text)
+    assert (card.data.base_model, card.data.datasets, card.data.library_name) == (
+        "Qwen/Qwen3-1.7B", "gsm8k", "transformers")
 
 
-def test_settings_rows_show_each_field():
+def test_settings_rows_show_each_field(tmp_path):
     """Every row of the settings table reads its own field (distinct values, so a row showing another field's value
-    is caught)."""
-    args = SimpleNamespace(rpg_divergence="rkl", rpg_estimator="reinforce", rpg_reference="adaptive", epsilon=0.1,
-                           epsilon_high=0.3, rpg_dual_clip_c=None, loss_type="bnpo")
-    rows = [line for line in rpg_settings(args, 0.25).splitlines() if line.startswith("| ") and "---" not in line]
+    is caught), batch reuse and `scale_rewards` included, and says what the saved output is."""
+    rows = [line for line in rpg_settings(_card_args(tmp_path), 0.25).splitlines()
+            if line.startswith("| ") and "---" not in line]
     assert rows[1:] == ["| divergence | `rkl` |", "| estimator | `reinforce` |", "| reference policy | `adaptive` |",
                         "| beta | `0.25` |", "| clip (eps_low, eps_high, c) | `(0.1, 0.3, None)` |",
-                        "| aggregation (`loss_type`) | `bnpo` |"]
+                        "| aggregation (`loss_type`) | `bnpo` |",
+                        "| batch reuse (optimizer steps per generation batch) | `4` (steps_per_generation=8, "
+                        "gradient_accumulation_steps=2, num_iterations=1) |",
+                        "| advantage (`scale_rewards`) | `group`: divided by the group's std |",
+                        "| saved output | full model weights |"]
+    reused = rpg_settings(_card_args(tmp_path, steps_per_generation=2, num_iterations=3, scale_rewards="none"), 0.25,
+                          adapter=True)
+    assert "| batch reuse (optimizer steps per generation batch) | `3` (" in reused
+    assert "| advantage (`scale_rewards`) | `none`: reward - group mean, not divided by the std |" in reused
+    assert "| saved output | LoRA adapter (PEFT): load it on top of the base model |" in reused
+
+
+def test_a_lora_run_says_its_output_is_an_adapter(model_path, tmp_path):
+    from peft import LoraConfig
+
+    out = tmp_path / "lora"
+    args = RPGConfig(**cpu_args(out, max_steps=1, steps_per_generation=2))
+    trainer = RPGTrainer(model=model_path, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(),
+                         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    trainer.create_model_card(model_name="rpg-lora")
+    text = (out / "README.md").read_text(encoding="utf-8")
+    assert "This repository holds a LoRA adapter (PEFT), not full weights" in text
+    assert "| saved output | LoRA adapter (PEFT): load it on top of the base model |" in text
+    assert ModelCard.load(str(out / "README.md")).data.library_name == "peft" and "- PEFT: " in text
+
+
+def test_the_card_is_rpgs_own_and_keeps_what_trls_card_carries(model_path, tmp_path, monkeypatch):
+    """RPG's template, not TRL's card edited afterwards (TRL's renderer may fail or change: the card is the same),
+    with TRL's tags (the user's, the trainer's, `generated_from_trainer`), tracker links, framework versions and both
+    citations."""
+    import trl.trainer.base_trainer
+
+    def no_trl_card(*args, **kwargs):
+        raise AssertionError("TRL's card renderer was called")
+
+    monkeypatch.setattr(trl.trainer.base_trainer, "generate_model_card", no_trl_card)
+    monkeypatch.setattr("trl_rpg.model_card.tracker_urls", lambda: {"trackio": "https://me-space.hf.space?project=p"})
+    out = tmp_path / "own"
+    trainer = _train(model_path, out)
+    trainer.create_model_card(model_name="rpg-tiny", tags="my-tag")
+    text = (out / "README.md").read_text(encoding="utf-8")
+    tags = ModelCard.load(str(out / "README.md")).data.tags
+    assert tags[0] == "generated_from_trainer" and {"my-tag", "rpg", "trl"} <= set(tags)
+    assert "trackio:https://me-space.hf.space?project=p" in tags
+    assert "alt=\"Visualize in Trackio\"" in text and "](https://me-space.hf.space?project=p)" in text
+    import importlib.metadata
+
+    for package, label in (("trl", "TRL"), ("trl-rpg", "trl-rpg"), ("transformers", "Transformers"),
+                           ("torch", "Pytorch")):
+        assert f"- {label}: {importlib.metadata.version(package)}\n" in text
+    assert "@inproceedings{zhang2026rpg" in text and "@software{vonwerra2020trl" in text
+    assert "| saved output | full model weights |" in text
 
 
 EVIL_MODEL = "evil<script>alert(1)</script>\n# heading"

@@ -1,23 +1,22 @@
-"""The model card of an RPG run: TRL's card, made right for any base model and data set, plus RPG's settings.
+"""The model card of an RPG run, rendered from RPG's own template (`TEMPLATE`) with `huggingface_hub.ModelCard`.
 
-TRL's template links the base model and the data set to the Hub and loads `hub_model_id` in its quick start. For a
-model trained from a local folder or built in code, a local data file, or a run not pushed to the Hub, that gives
-"fine-tuned version of [None](https://huggingface.co/None)", links to local paths and `model="None"`.
-`hub_repo_id` decides what may be linked; `repair` rewrites those sentences after TRL renders the card.
+It carries what TRL's card carries (the base model, the data set, the tags, the tracker links, a quick start, the
+framework versions, the citations of the method and of TRL) plus the RPG settings, and is right for any base model
+and data set: only a name the Hub can hold (`hub_repo_id`, the rule of `huggingface_hub.utils.validate_repo_id`) is
+linked to the Hub, and the quick start loads `hub_model_id` when the run is pushed, else the output folder.
 
 Names are the user's text (a model name, a path, a data-set name) and go into Markdown that the Hub renders: every
 name that is not linked as a Hub id is written with `markdown_text` (no HTML, no Markdown syntax, one line), and the
-quick start's `model=` argument with `python_string`.
+quick start's `model=` argument with `python_string`. The YAML metadata holds the names verbatim (`ModelCardData`
+quotes them).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import textwrap
 import unicodedata
-
-from huggingface_hub import metadata_load
+from importlib.metadata import PackageNotFoundError, version
 
 #: The paper, as TRL's model card cites it (`GRPOTrainer._paper`).
 RPG_PAPER = {
@@ -33,11 +32,85 @@ RPG_PAPER = {
         }"""),
 }
 
-_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[A-Za-z0-9][\w.-]{0,95})?", re.ASCII)
+#: TRL's citation, as TRL's model card gives it.
+TRL_CITATION = textwrap.dedent("""\
+    @software{vonwerra2020trl,
+      title   = {{TRL: Transformers Reinforcement Learning}},
+      author  = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+      license = {Apache-2.0},
+      url     = {https://github.com/huggingface/trl},
+      year    = {2020}
+    }""")  # noqa: E501  (one line, as TRL writes it)
+
+#: RPG's card (Jinja, rendered by `huggingface_hub.ModelCard.from_template`). Every value is passed already escaped;
+#: `quick_start_model` is a Python string literal.
+TEMPLATE = """\
+---
+{{ card_data }}
+---
+
+# Model Card for {{ title }}
+
+This model is a fine-tuned version of {{ base_model_text }}{{ hub_dataset_text }}.
+It {{ trained_on_text }}[TRL](https://github.com/huggingface/trl) and trl-rpg's `RPGTrainer`.{% if adapter %} \
+This repository holds a LoRA adapter (PEFT), not full weights: it loads on top of the base model (`pip install \
+peft`).{% endif %}
+
+## Quick start
+
+```python
+from transformers import pipeline
+
+question = "If you had a time machine, but could only go to the past or the future once and never return, which \
+would you choose and why?"
+generator = pipeline("text-generation", model={{ quick_start_model }}, device_map="auto")
+output = generator([{"role": "user", "content": question}], max_new_tokens=128, return_full_text=False)[0]
+print(output["generated_text"])
+```
+
+## Training procedure
+
+{{ tracker_badges }}
+This model was trained with RPG, a method introduced in [{{ paper_title }}](https://huggingface.co/papers/{{ paper_id \
+}}), with `trl_rpg.RPGTrainer`, a subclass of TRL's `GRPOTrainer`.
+
+### Framework versions
+
+{{ framework_versions }}
+{{ rpg_settings }}
+## Citations
+
+Cite RPG as:
+
+```bibtex
+{{ rpg_citation }}
+```
+
+Cite TRL as:
+
+```bibtex
+{{ trl_citation }}
+```
+"""
+
+#: Tracker badges, as TRL's card shows them (the URL comes from the tracker itself).
+_BADGES = {
+    "wandb": '[<img src="https://raw.githubusercontent.com/wandb/assets/main/wandb-github-badge-28.svg" '
+             'alt="Visualize in Weights & Biases" width="150" height="24"/>]({url})',
+    "trackio": '[<img src="https://raw.githubusercontent.com/gradio-app/trackio/refs/heads/main/trackio/assets/'
+               'badge.png" alt="Visualize in Trackio" title="Visualize in Trackio" width="150" height="24"/>]({url})',
+    "comet": '[<img src="https://raw.githubusercontent.com/comet-ml/comet-examples/master/logo/comet_badge.png" '
+             'alt="Visualize in Comet" width="150" height="24"/>]({url})',
+}
+
+#: Packages whose versions the card lists, with the names it shows.
+_FRAMEWORKS = (("trl", "TRL"), ("trl-rpg", "trl-rpg"), ("transformers", "Transformers"), ("torch", "Pytorch"),
+               ("datasets", "Datasets"), ("tokenizers", "Tokenizers"))
 
 # Characters with a meaning in (GitHub-flavoured) Markdown inside a line; each is written backslash-escaped.
 _MARKDOWN_PUNCTUATION = frozenset("\\`*_[](){}#!|~$")
 _HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_DATA_FILE_SUFFIXES = (".parquet", ".json", ".jsonl", ".csv")
 
 
 def _invisible(ch: str) -> bool:
@@ -84,49 +157,75 @@ def python_string(value: str) -> str:
 
 
 def hub_repo_id(name: str | None) -> str | None:
-    """`name` if it can be a Hub repository id (`name` or `owner/name`, ASCII, no spaces) and is not a local
-    path."""
-    if not name or os.path.exists(name) or not _REPO_ID.fullmatch(name) or name.endswith((".parquet", ".json",
-                                                                                           ".jsonl", ".csv")):
+    """`name` if the Hub can hold it as a repository id and it is not a local path or a data file's name, else None.
+
+    The rule is `huggingface_hub.utils.validate_repo_id`'s (`name` or `owner/name`, letters, digits, `-`, `_`, `.`,
+    at most 96 characters each, no `--` or `..`), with ASCII letters only (the Hub's; `validate_repo_id` reads `\\w`
+    as Unicode)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(name, str) or not name or not name.isascii() or os.path.exists(name) or \
+            name.lower().endswith(_DATA_FILE_SUFFIXES):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
         return None
     return name
 
 
-def repair(card: str, base_model: str | None, dataset_name: str | None, load_as: str,
-           model_name: str | None = None) -> str:
-    """Fix TRL's rendered card: no link to a base model or data set that is not on the Hub, every other name
-    escaped (`markdown_text`), and a quick start that loads `load_as` (the Hub id it is pushed to, else the output
-    folder). `model_name` is the name TRL wrote into the title, if any."""
-    if model_name:
-        card = card.replace(f"# Model Card for {model_name}", f"# Model Card for {markdown_text(model_name)}", 1)
-    if hub_repo_id(base_model) is None:
-        described = f"the local model {markdown_text(base_model)}" if base_model else "a model built in code"
-        for rendered in {base_model or "None", "None"}:  # TRL links `_name_or_path` unless it is a folder
-            card = card.replace(f"This model is a fine-tuned version of [{rendered}](https://huggingface.co/"
-                                f"{rendered})", f"This model is a fine-tuned version of {described}", 1)
-    if dataset_name and hub_repo_id(dataset_name) is None:
-        card = card.replace(f"[{dataset_name}](https://huggingface.co/datasets/{dataset_name})",
-                            markdown_text(dataset_name))
-    quoted = python_string(load_as)
-    return re.sub(r'pipeline\("text-generation", model="[^"\n]*"',
-                  lambda _: f'pipeline("text-generation", model={quoted}', card)
+def card_tags(tags, trainer_tags, model_config, trackio_url: str | None) -> list[str]:
+    """The card's tags, as TRL's `create_model_card` makes them: the user's (a string or a list), `unsloth` for an
+    Unsloth model, `hf_jobs` inside a Hugging Face job, the trainer's own, and `trackio:<url>` for a Trackio run;
+    sorted, after TRL's `generated_from_trainer`."""
+    found = {tags} if isinstance(tags, str) else set(tags or ())
+    if hasattr(model_config, "unsloth_version"):
+        found.add("unsloth")
+    if "JOB_ID" in os.environ:
+        found.add("hf_jobs")
+    found.update(trainer_tags)
+    if trackio_url is not None:
+        found = {tag for tag in found if not tag.startswith("trackio:")} | {f"trackio:{trackio_url}"}
+    return ["generated_from_trainer", *sorted(found - {"generated_from_trainer"})]
 
 
-def complete(path: str, args, base_model: str | None, dataset_name: str | None, load_as: str) -> None:
-    """Repair the card TRL wrote at `path` and append the RPG settings."""
-    model_name = metadata_load(path) or {}
-    model_name = model_name.get("model_name")  # TRL's title; its YAML metadata holds the name verbatim
-    with open(path, encoding="utf-8") as f:
-        text = repair(f.read(), base_model, dataset_name, load_as, model_name=model_name)
-    if dataset_name and hub_repo_id(dataset_name) is None:
-        text = text.replace("It has been trained using", f"It was trained on {markdown_text(dataset_name)} using",
-                            1)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + rpg_settings(args, args.beta))
+def tracker_urls() -> dict[str, str]:
+    """The URLs of the running Weights & Biases run, Trackio space and Comet experiment (those that exist)."""
+    from transformers import is_wandb_available
+
+    from ._compat import get_comet_experiment_url, get_trackio_space_url
+
+    urls = {}
+    if is_wandb_available():
+        import wandb
+
+        if wandb.run is not None:
+            urls["wandb"] = wandb.run.url
+    urls["trackio"], urls["comet"] = get_trackio_space_url(), get_comet_experiment_url()
+    return {name: url for name, url in urls.items() if url}
 
 
-def rpg_settings(args, beta: float) -> str:
-    """The card's "RPG settings" section."""
+def _version(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+_SCALE_TEXT = {"none": ": reward - group mean, not divided by the std", "group": ": divided by the group's std",
+               "batch": ": divided by the batch's std"}
+
+
+def rpg_settings(args, beta: float, adapter: bool = False) -> str:
+    """The card's "RPG settings" section: the objective, the two settings that most change behaviour against GRPO
+    (batch reuse and `scale_rewards`), and what the saved output is."""
+    from .config import batch_layout
+
+    steps = batch_layout(args).optimizer_steps_per_generation
+    reuse = (f"`{steps}` (steps_per_generation={args.steps_per_generation}, gradient_accumulation_steps="
+             f"{args.gradient_accumulation_steps}, num_iterations={args.num_iterations})")
+    output = ("LoRA adapter (PEFT): load it on top of the base model" if adapter else
+              "full model weights")
     return textwrap.dedent(f"""
         ## RPG settings
 
@@ -140,7 +239,59 @@ def rpg_settings(args, beta: float) -> str:
         | beta | `{beta}` |
         | clip (eps_low, eps_high, c) | `({args.epsilon}, {args.epsilon_high}, {args.rpg_dual_clip_c})` |
         | aggregation (`loss_type`) | `{args.loss_type}` |
+        | batch reuse (optimizer steps per generation batch) | {reuse} |
+        | advantage (`scale_rewards`) | `{args.scale_rewards}`{_SCALE_TEXT.get(args.scale_rewards, "")} |
+        | saved output | {output} |
         """)
 
 
-__all__ = ["complete", "hub_repo_id", "markdown_text", "python_string", "repair", "rpg_settings"]
+def render(args, *, base_model: str | None, model_name: str | None, dataset_name: str | None, load_as: str,
+           tags: list[str], adapter: bool = False, trackers: dict[str, str] | None = None):
+    """The card (a `huggingface_hub.ModelCard`) of a run with config `args`, trained from `base_model` (the model's
+    `_name_or_path`: a Hub id, a local folder, or empty for a model built in code) on `dataset_name`, to be loaded as
+    `load_as`."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base_id, dataset_id = hub_repo_id(base_model), hub_repo_id(dataset_name)
+    if base_id:
+        base_model_text = f"[{base_id}](https://huggingface.co/{base_id})"
+    else:
+        base_model_text = f"the local model {markdown_text(base_model)}" if base_model else "a model built in code"
+    if dataset_name and not dataset_id:
+        trained_on_text = f"was trained on {markdown_text(dataset_name)} using "
+    else:
+        trained_on_text = "has been trained using "
+    card_data = ModelCardData(
+        base_model=base_model if base_model and not os.path.isdir(base_model) else None,  # TRL's rule
+        datasets=dataset_id, library_name="transformers" if not adapter else "peft", model_name=model_name,
+        tags=tags)
+    return ModelCard.from_template(
+        card_data, template_str=TEMPLATE,
+        title=markdown_text(model_name or os.path.basename(os.path.abspath(args.output_dir))),
+        base_model_text=base_model_text,
+        hub_dataset_text=f" on the [{dataset_id}](https://huggingface.co/datasets/{dataset_id}) dataset"
+        if dataset_id else "",
+        trained_on_text=trained_on_text, adapter=adapter, quick_start_model=python_string(load_as),
+        tracker_badges="\n".join(_BADGES[name].format(url=url) for name, url in (trackers or {}).items()),
+        paper_title=RPG_PAPER["title"], paper_id=RPG_PAPER["id"],
+        framework_versions="\n".join(f"- {label}: {_version(package)}" for package, label in _FRAMEWORKS)
+        + (f"\n- PEFT: {_version('peft')}" if adapter else ""),
+        rpg_settings=rpg_settings(args, args.beta, adapter), rpg_citation=RPG_PAPER["citation"],
+        trl_citation=TRL_CITATION)
+
+
+def write(path: str, args, model, *, load_as: str, model_name: str | None, dataset_name: str | None, tags,
+          trainer_tags) -> None:
+    """Render the card of `model` (unwrapped: a PEFT model makes an adapter's card) and save it at `path`."""
+    from accelerate.utils import is_peft_model
+
+    trackers = tracker_urls()
+    card = render(args, base_model=getattr(model.config, "_name_or_path", None) or None, model_name=model_name,
+                  dataset_name=dataset_name, load_as=load_as,
+                  tags=card_tags(tags, trainer_tags, model.config, trackers.get("trackio")),
+                  adapter=is_peft_model(model), trackers=trackers)
+    card.save(path)
+
+
+__all__ = ["RPG_PAPER", "TEMPLATE", "TRL_CITATION", "card_tags", "hub_repo_id", "markdown_text", "python_string",
+           "render", "rpg_settings", "tracker_urls", "write"]

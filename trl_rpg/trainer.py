@@ -373,14 +373,13 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        # Override: TRL's card (citing the RPG paper via `_paper`), made right for local models, local data and
-        # unpushed runs, plus the RPG settings.
-        super().create_model_card(model_name=model_name, dataset_name=model_card.hub_repo_id(dataset_name),
-                                  tags=tags)
-        path = os.path.join(self.args.output_dir, "README.md")
-        if self.is_world_process_zero() and os.path.exists(path):
-            base = getattr(self.accelerator.unwrap_model(self.model).config, "_name_or_path", None)
-            model_card.complete(path, self.args, base, dataset_name, load_as=self.hub_model_id or self.args.output_dir)
+        # Override: RPG's card from RPG's own template (what TRL's carries, right for local models, local data and
+        # unpushed runs, plus the RPG settings), not TRL's card edited afterwards.
+        if self.is_world_process_zero():
+            model_card.write(os.path.join(self.args.output_dir, "README.md"), self.args,
+                             self.accelerator.unwrap_model(self.model), load_as=self.hub_model_id or
+                             self.args.output_dir, model_name=model_name, dataset_name=dataset_name, tags=tags,
+                             trainer_tags=self._tag_names)
 
 
 __all__ = ["RPGTrainer"]
