@@ -6,18 +6,20 @@
   (`trl_rpg.cli.load_training_data`): a `prompt` chat list and a `reward_model.ground_truth` (verl/DAPO format, like
   the bundled AIME/AMC files), or a `problem` (or `question`, or plain-text `prompt`) column with a `ground_truth` or
   `answer` column; bare problems are wrapped in the paper's prompt ("... The last line of your response should be of
-  the form Answer: $Answer ..."). The reference answer is read as `math_reward` reads it
+  the form Answer: $Answer ..."). The reference answer is read as the math rewards read it
   (`trl_rpg.rewards.reference_answer`), and a data set without one of its columns is refused before the model loads.
   Duplicated problems (the Hub copy repeats each one many times) are dropped unless `--dedupe False`.
-* Reward: `trl_rpg.rewards.math_reward` (the last answer the completion commits to, an `Answer:` line or a
-  `\\boxed{}`; math-verify equivalence where it parses, the normalised string otherwise) plus DAPO's soft overlong
-  punishment (TRL's `get_soft_overlong_punishment`; `--soft_punish_cache 0` turns it off).
+* Reward: `trl_rpg.rewards.paper_math_reward`, the paper's values: +1 for a correct final answer, -1 otherwise (the
+  RPG authors' scorer; `math_reward` gives 1 / 0). The final answer is the last one the completion commits to, an
+  `Answer:` line or a `\\boxed{}`, compared by math-verify equivalence where it parses, else as normalised strings
+  (how that differs from the authors' strict `Answer:` match: docs/rewards.md). Plus DAPO's soft overlong punishment
+  (TRL's `get_soft_overlong_punishment`, 0 down to -1; `--soft_punish_cache 0` turns it off).
 * Objective: `RPGTrainer` with RPG's defaults (RPG-REINFORCE, unnormalised reverse KL, beta 1e-4, RPG-Style Clip
   (0.2, 0.28) with dual-clip c = 10, the sampling policy as reference) and dynamic sampling that keeps the groups
-  whose `math_reward` varies (`dynamic_sampling_metric="math_reward"`: DAPO and the paper filter on accuracy, not on
-  the length penalty); the paper's optimiser settings are this script's defaults (AdamW lr 1e-6, weight decay 0.1,
-  clip 1.0, constant lr after warm-up, 16 completions at temperature 1.0). Batch sizes and reuse come from the
-  command line: see `examples/recipes/`.
+  whose `paper_math_reward` varies (`dynamic_sampling_metric="paper_math_reward"`: DAPO and the paper filter on
+  accuracy, not on the length penalty); the paper's optimiser settings are this script's defaults (AdamW lr 1e-6,
+  weight decay 0.1, clip 1.0, constant lr after warm-up, 16 completions at temperature 1.0). Batch sizes and reuse
+  come from the command line: see `examples/recipes/`.
 * Evaluation: mean@k on AIME 2024, AIME 2025 and AMC 2023 (bundled; `--eval_num_samples 32` is the paper's
   mean@32) after training, optionally before (`--eval_before`). Results go to `<output_dir>/eval_results.json`.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
@@ -53,7 +55,7 @@ from trl_rpg import RPGConfig, RPGTrainer
 from trl_rpg.cli import load_training_data, show_upstream_warnings_once
 from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks, problem_text
 from trl_rpg.plots import RPGPlotCallback
-from trl_rpg.rewards import check_reward_columns, make_overlong_punishment, math_reward, reference_answer
+from trl_rpg.rewards import check_reward_columns, make_overlong_punishment, paper_math_reward, reference_answer
 
 logger = logging.getLogger("rpg_math")
 
@@ -74,7 +76,7 @@ PAPER_DEFAULTS = {
     "temperature": 1.0,
     "max_completion_length": 4096,
     "dynamic_sampling": True,
-    "dynamic_sampling_metric": "math_reward",  # keep the groups whose accuracy varies (DAPO), not their length penalty
+    "dynamic_sampling_metric": "paper_math_reward",  # the groups whose accuracy varies (DAPO), not the length penalty
     "logging_steps": 1,
     "save_strategy": "steps",
     "save_steps": 160,
@@ -129,14 +131,14 @@ def make_parser(prog: str | None = None) -> TrlParser:
 
 
 def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None = None):
-    """Bring a math data set into the format `RPGTrainer` + `math_reward` read: a conversational `prompt` in the
+    """Bring a math data set into the format `RPGTrainer` + `paper_math_reward` read: a conversational `prompt` in the
     paper's format and a `ground_truth` column holding each row's `trl_rpg.rewards.reference_answer`."""
     columns = set(dataset.column_names)
     problem_column = next((c for c in ("problem", "question") if c in columns), None)
     if "prompt" not in columns and problem_column is None:
         raise ValueError(f"The data set needs a `prompt` (chat list) or a `problem`/`question` column; it has "
                          f"{sorted(columns)}.")
-    check_reward_columns([math_reward], dataset.column_names)  # the reference answers, where math_reward reads them
+    check_reward_columns([paper_math_reward], dataset.column_names)  # the reference answers, where it reads them
 
     def convert(row):
         prompt = row.get("prompt")
@@ -167,7 +169,7 @@ def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None =
     dataset = dataset.map(convert, remove_columns=keep)
     missing = sum(1 for g in dataset["ground_truth"] if not g)
     if missing:
-        logger.warning("%d training problems have no reference answer; math_reward skips them.", missing)
+        logger.warning("%d training problems have no reference answer; paper_math_reward skips them.", missing)
     return dataset
 
 
@@ -228,7 +230,7 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
     model_init_kwargs.update(training_args.model_init_kwargs or {})
     training_args.model_init_kwargs = model_init_kwargs
 
-    rewards = [math_reward]
+    rewards = [paper_math_reward]
     if script_args.soft_punish_cache > 0:
         rewards.append(make_overlong_punishment(training_args.max_completion_length,
                                                 min(script_args.soft_punish_cache,

@@ -75,9 +75,10 @@ def test_quick_local_run_of_the_docstring_works_on_cpu_as_written(tmp_path):
     assert f"Evaluation results written to {os.path.join('out', 'eval_results.json')}" in proc.stdout
     assert (out / "model.safetensors").exists() and "2505.17508" in (out / "README.md").read_text()
     logs = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
-    first = next(h for h in logs if "rewards/math_reward/mean" in h)
-    # math_reward scored the `answer` column (a random model never gets it right); the length penalty varies
-    assert first["rewards/math_reward/mean"] == 0.0
+    first = next(h for h in logs if "rewards/paper_math_reward/mean" in h)
+    # paper_math_reward scored the `answer` column with the paper's -1 for a wrong answer (a random model never gets
+    # it right); the length penalty varies
+    assert first["rewards/paper_math_reward/mean"] == -1.0
     assert first["rewards/soft_overlong_punishment_reward/std"] > 0
     assert not any(key.startswith("dynamic_sampling/") for h in logs for key in h)  # off in the quick run
 
@@ -88,8 +89,9 @@ def test_rpg_math_checks_the_reward_columns_before_loading_the_model(tmp_path):
     script_args, args, model_args = m.make_parser().parse_args_and_config(
         ["--model_name_or_path", str(tmp_path / "no-such-model"), "--dataset_name", str(tmp_path / "bad.parquet"),
          "--output_dir", str(tmp_path / "out"), "--use_cpu", "True", "--bf16", "False"])
-    with pytest.raises(ValueError, match=r"'math_reward' reads one of the columns \['ground_truth', 'reward_model', "
-                                         r"'answer'\]; the data set has the columns \['problem', 'solution'\]"):
+    with pytest.raises(ValueError, match=r"'paper_math_reward' reads one of the columns \['ground_truth', "
+                                         r"'reward_model', 'answer'\]; the data set has the columns "
+                                         r"\['problem', 'solution'\]"):
         m.main(script_args, args, model_args)
     with pytest.raises(FileNotFoundError, match="no such file"):  # the loader of `trl-rpg train`
         m.main(*m.make_parser().parse_args_and_config(
@@ -132,7 +134,7 @@ def test_rpg_math_prepares_problem_answer_data_with_the_paper_prompt():
     assert len(data) == 2 and data["ground_truth"] == ["1", "3"]
     assert data[0]["prompt"] == [{"role": "user", "content": "what is 0+1"}]
 
-    with pytest.raises(ValueError, match=r"'math_reward' reads one of the columns"):
+    with pytest.raises(ValueError, match=r"'paper_math_reward' reads one of the columns"):
         m.prepare_math_dataset(Dataset.from_dict({"problem": ["x"]}))
     with pytest.raises(ValueError, match="`prompt`"):
         m.prepare_math_dataset(Dataset.from_dict({"text": ["x"], "answer": ["1"]}))
@@ -155,7 +157,7 @@ def test_rpg_math_defaults_are_the_papers():
     assert (args.num_generations, args.temperature, args.beta, args.epsilon, args.epsilon_high) == (
         16, 1.0, 1e-4, 0.2, 0.28)
     assert (args.rpg_dual_clip_c, args.dynamic_sampling, args.loss_type) == (10.0, True, "dapo")
-    assert args.dynamic_sampling_metric == "math_reward"  # DAPO and the paper filter on accuracy
+    assert args.dynamic_sampling_metric == "paper_math_reward"  # DAPO and the paper filter on accuracy
     assert script_args.soft_punish_cache > 0 and script_args.eval_num_samples == 32
     assert set(script_args.eval_benchmarks) == {"aime24", "aime25", "amc23"}
 
@@ -187,7 +189,7 @@ def test_recipe_parses_and_uses_existing_configs(recipe):
     # the paper's layout: 16 completions per prompt, 16 optimizer steps per rollout, constant lr after warm-up
     assert args.num_generations == 16 and args.temperature == 1.0 and args.dynamic_sampling
     # dynamic sampling keeps the groups whose accuracy varies, said in the recipe itself (not only by the default)
-    assert args.dynamic_sampling_metric == "math_reward" and "--dynamic_sampling_metric" in argv
+    assert args.dynamic_sampling_metric == "paper_math_reward" and "--dynamic_sampling_metric" in argv
     assert args.steps_per_generation // args.gradient_accumulation_steps == 16
     assert args.lr_scheduler_type == "constant_with_warmup" and args.warmup_steps == 10 * 16
     assert args.max_steps == 400 * 16

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # RPG on DAPO-Math-17k with LoRA on one GPU: the paper's recipe (arXiv:2505.17508, Appendix H) scaled to one device.
 # The objective, clip, reference, temperature, 16 completions per prompt, 16 optimizer steps per rollout, dynamic
-# sampling (keeping the groups whose math_reward varies, as DAPO does) and the soft overlong punishment are the
-# paper's; the batch is smaller (64 prompts per rollout, 4 per optimizer step) and the learning rate is LoRA-sized
-# (1e-5 instead of the full fine-tuning 1e-6).
+# sampling (keeping the groups whose paper_math_reward varies, as DAPO does), the reward (+1 correct, -1 otherwise)
+# and the soft overlong punishment are the paper's; the batch is smaller (64 prompts per rollout, 4 per optimizer
+# step) and the learning rate is LoRA-sized (1e-5 instead of the full fine-tuning 1e-6).
 #
 #   bash examples/recipes/rpg_math_1gpu_lora.sh                             # Qwen3-1.7B-Base, RPG-REINFORCE-URKL
 #   MODEL=Qwen/Qwen3-4B-Base bash examples/recipes/rpg_math_1gpu_lora.sh
@@ -64,7 +64,7 @@ CMD=(accelerate launch
   --max_completion_length "$MAX_COMPLETION_LENGTH"
   --soft_punish_cache 1024
   --dynamic_sampling True
-  --dynamic_sampling_metric math_reward
+  --dynamic_sampling_metric paper_math_reward
   --gradient_checkpointing True
   --bf16 True
   --use_vllm "$USE_VLLM"

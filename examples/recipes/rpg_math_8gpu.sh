@@ -22,8 +22,9 @@
 #   beta 1e-4, clip (0.2, 0.28), dual-clip c = 10            RPGConfig defaults (--beta, --epsilon, --epsilon_high,
 #                                                            --rpg_dual_clip_c)
 #   4K context: rollouts of up to 4096 tokens                --max_completion_length 4096 (8192 for the 8K runs)
+#   reward +1 correct, -1 otherwise (the authors' scorer)    paper_math_reward (rpg_math.py's reward)
 #   DAPO dynamic sampling (on accuracy), soft overlong       --dynamic_sampling True --dynamic_sampling_metric
-#   punishment                                               math_reward --soft_punish_cache 1024
+#   punishment                                               paper_math_reward --soft_punish_cache 1024
 #   token-mean loss                                          --loss_type dapo (RPGConfig default)
 #   mean@32 on AIME24 / AIME25 / AMC23                       --eval_num_samples 32 (bundled data)
 # Rollouts use vLLM colocated with training (pip install vllm); USE_VLLM=False generates with transformers instead.
@@ -84,7 +85,7 @@ CMD=(accelerate launch
   --max_completion_length "$MAX_COMPLETION_LENGTH"
   --soft_punish_cache 1024
   --dynamic_sampling True
-  --dynamic_sampling_metric math_reward
+  --dynamic_sampling_metric paper_math_reward
   --dynamic_sampling_max_rounds 8
   --gradient_checkpointing True
   --bf16 True
