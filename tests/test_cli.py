@@ -557,35 +557,6 @@ def test_accelerate_config_names_and_errors(tmp_path):
         cli.resolve_accelerate_config(["--accelerate_config", "no-such-config"])
 
 
-def test_accelerate_configs_ship_in_the_wheel(tmp_path):
-    """Built into a wheel and installed elsewhere, `--accelerate_config deepspeed_zero3` resolves to the config
-    shipped in the package (not only in a source checkout). About 20 s: a wheel build and an import of TRL."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "accelerate_configs", src / "accelerate_configs")
-    shutil.copytree(ROOT / "trl_rpg", src / "trl_rpg", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    build = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                  str(tmp_path / "dist"), str(src)], cwd=tmp_path, timeout=300)
-    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-3000:]
-    (wheel,) = (tmp_path / "dist").glob("trl_rpg-*.whl")
-    site = tmp_path / "site"
-    install = _run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   cwd=tmp_path, timeout=300)
-    assert install.returncode == 0, install.stderr[-3000:]
-    assert sorted(p.name for p in (site / "trl_rpg" / "accelerate_configs").glob("*.yaml")) == sorted(
-        p.name for p in (ROOT / "accelerate_configs").glob("*.yaml"))
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    code = ("import trl_rpg, trl_rpg.cli as cli; print(trl_rpg.__file__); "
-            "print(cli.resolve_accelerate_config(['--accelerate_config', 'deepspeed_zero3'])[1])")
-    proc = _run([sys.executable, "-c", code], cwd=elsewhere, timeout=300, PYTHONPATH=str(site))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    package, config = proc.stdout.split()[-2:]
-    assert Path(package).is_relative_to(site) and Path(config).is_relative_to(site / "trl_rpg" / "accelerate_configs")
-
-
 def test_launcher_argument_check():
     training_flags = ["--beta", "--rpg_divergence"]
     cli.check_launcher_arguments(["--num_processes", "2", "--config_file", "c.yaml", "--main_process_port=29500"],
