@@ -5,7 +5,8 @@ group's reward std over its scored completions. GRPO's default `scale_rewards="g
 `A = (r - mean) / std`, of unit scale whatever the reward; RPG's default `"none"` (the paper's baseline) on
 `A = r - mean`, so every policy-gradient term, the loss and the gradient are `std` times GRPO's, and `beta`
 weighs `1 / std` as much against the reward (the KL term does not scale with it). RPG's defaults (`beta=1e-4`,
-`max_grad_norm=1.0`) are the paper's, set for 0/1 accuracy rewards.
+`max_grad_norm=1.0`) are the paper's, set for its +-1 accuracy reward (`paper_math_reward`; 0/1 halves the
+advantages: docs/rewards.md).
 
 The scale of a batch is the median `std` over its groups whose rewards differ (`dynamic_sampling.group_reward_signal`;
 constant groups have no advantage at all). It is read once, on the first training batch that has such a group, and
