@@ -43,3 +43,20 @@ def test_missing_internals_names_what_is_missing():
 
     missing = _compat.missing_internals(Older)
     assert "Older._generate_and_score_completions" in missing and "Older._compute_loss" not in missing
+
+
+def test_transformers_resumes_deepspeed_where_rpg_makes_its_loads_weights_only():
+    """`RPGTrainer._prepare_for_training` wraps the call in which transformers has DeepSpeed load a resumed
+    checkpoint; it reads `resume_from_checkpoint` by name."""
+    import inspect
+
+    from transformers import Trainer
+
+    assert "resume_from_checkpoint" in inspect.signature(Trainer._prepare_for_training).parameters
+    assert "deepspeed_load_checkpoint(" in inspect.getsource(Trainer._prepare_for_training)
+
+
+def test_deepspeed_has_the_checkpoint_types_rpg_allows():
+    pytest.importorskip("deepspeed")
+    types = _compat.deepspeed_checkpoint_types()
+    assert [f"{t.__module__}.{t.__qualname__}" for t in types] == list(_compat.DEEPSPEED_CHECKPOINT_TYPES)

@@ -79,6 +79,7 @@ LAYOUTS = {
     "single": ("single_process.yaml", {"use_cpu": True, "mixed_precision": "no"}, 1),
     "ddp": ("multi_gpu.yaml", {"use_cpu": True, "num_processes": 2, "mixed_precision": "no"}, 2),
     # DeepSpeed runs on CPU through DS_ACCELERATOR=cpu (set in `_env`), not through `use_cpu`
+    "zero2": ("deepspeed_zero2.yaml", {"num_processes": 2, "mixed_precision": "no"}, 2),
     "zero3": ("deepspeed_zero3.yaml", {"num_processes": 2, "mixed_precision": "no"}, 2),
 }
 
@@ -396,12 +397,51 @@ def two_nodes(workdir, model_dir):
             "without_weights": without_weights, "resumed": resumed}
 
 
+class _Payload:
+    """Unpickling this runs code: it creates a file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def tampered_copy(checkpoint: Path, destination: Path, marker: Path) -> Path:
+    """A copy of `checkpoint` whose DeepSpeed model-state files (read by every rank on resume) hold a pickled payload
+    that creates `marker` if it is ever unpickled, the manifest rewritten to match (as whoever hands out a checkpoint
+    can do)."""
+    from trl_rpg.checkpoint import MANIFEST_FILE, file_record
+
+    shutil.copytree(checkpoint, destination)
+    manifest = json.loads((destination / MANIFEST_FILE).read_text())
+    for shard in sorted(destination.glob("global_step*/*model_states.pt")):
+        torch.save({"module": _Payload(str(marker))}, shard)
+        manifest["files"][str(shard.relative_to(destination))] = file_record(str(shard))
+    (destination / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return destination
+
+
 @pytest.fixture(scope="module")
 def zero3_resumed(workdir, model_dir, zero3):
+    """The ZeRO-3 checkpoint of step 3 resumed; then, in the same launch, a copy of it holding a pickled payload."""
     checkpoint = zero3["dir"] / "out" / "full" / "checkpoint-3"
     run = agreement_run("full", False, 4, output_dir=str(workdir / "zero3_resumed_out"))
     run["resume_from_checkpoint"] = str(checkpoint)
-    return launch(workdir, "zero3_resumed", "zero3", model_dir, [run])
+    tampered = agreement_run("tampered", False, 4, output_dir=str(workdir / "zero3_tampered_out"))
+    tampered.update(expect_error=True, resume_from_checkpoint=str(
+        tampered_copy(checkpoint, workdir / "zero3_tampered", workdir / "zero3_payload_ran")))
+    return launch(workdir, "zero3_resumed", "zero3", model_dir, [run, tampered])
+
+
+@pytest.fixture(scope="module")
+def zero2(workdir, model_dir, deepspeed_cpu_ops):
+    """ZeRO-2, 2 processes: a run checkpointed at step 3 (inside a reused batch) and, in the same launch, that
+    checkpoint resumed to the same last step."""
+    full = agreement_run("full", False, 4, max_steps=4, save_strategy="steps", save_steps=3)
+    resumed = agreement_run("resumed", False, 4, max_steps=4)
+    resumed["resume_from_checkpoint"] = str(workdir / "zero2" / "out" / "full" / "checkpoint-3")
+    return launch(workdir, "zero2", "zero2", model_dir, [full, resumed])
 
 
 @pytest.fixture(scope="module")
@@ -492,6 +532,50 @@ def test_zero3_resume_reproduces_uninterrupted_run(zero3_resumed, zero3):
     assert_losses_match(resumed, uninterrupted, "ZeRO-3 resumed at step 3 vs uninterrupted", steps=[4, 5, 6])
     assert_probes_match(resumed, uninterrupted, "ZeRO-3 resumed at step 3 vs uninterrupted", steps=[3, 4, 5, 6])
     assert resumed["reference_updates"] == uninterrupted["reference_updates"] == 2
+
+
+@distributed
+@needs_deepspeed
+def test_zero3_resume_refuses_a_pickled_payload_without_running_it(zero3_resumed, workdir):
+    """DeepSpeed's loader calls torch.load(weights_only=False); RPGTrainer makes it weights-only (issue 26, s. 4)."""
+    for rank in zero3_resumed["ranks"]:
+        error = rank["tampered"]["error"]
+        assert error.startswith("CheckpointError: ") and "holds more than tensors and plain data" in error, error
+    assert not (workdir / "zero3_payload_ran").exists()
+
+
+@distributed
+@needs_deepspeed
+def test_zero2_resume_reproduces_uninterrupted_run(zero2):
+    """DeepSpeed's files of a ZeRO-2 checkpoint, loaded weights-only, restore the run exactly."""
+    resumed, uninterrupted = zero2["ranks"][0]["resumed"], zero2["ranks"][0]["full"]
+    assert resumed["zero_stage"] == 2 and [p["step"] for p in resumed["probes"]] == [3, 4]
+    assert_losses_match(resumed, uninterrupted, "ZeRO-2 resumed at step 3 vs uninterrupted", steps=[4])
+    assert_probes_match(resumed, uninterrupted, "ZeRO-2 resumed at step 3 vs uninterrupted", steps=[3, 4])
+    assert resumed["reference_updates"] == uninterrupted["reference_updates"] == 1
+
+
+@distributed
+@needs_deepspeed
+def test_zero_checkpoints_load_weights_only_and_refuse_a_resume_without_deepspeed(zero2, zero3, model_dir, tmp_path):
+    """Each real ZeRO-2 / ZeRO-3 file loads weights-only with DeepSpeed's types allowed (`_compat`); the manifest
+    records the stage, and one process without DeepSpeed refuses the checkpoint (it would restart the optimizer and
+    the learning-rate schedule) naming how to resume it."""
+    from _resume_script import make_trainer
+
+    from trl_rpg import checkpoint as ckpt
+
+    for stage, launched in ((2, zero2), (3, zero3)):
+        directory = launched["dir"] / "out" / "full" / "checkpoint-3"
+        assert ckpt.read_manifest(str(directory))["run"]["deepspeed_zero_stage"] == stage
+        shards = sorted(directory.glob("global_step3/*.pt"))
+        assert len(shards) == (4 if stage == 3 else 3)
+        with ckpt.deepspeed_loads_weights_only(str(directory)):
+            for shard in shards:
+                torch.load(shard, map_location="cpu", weights_only=False)  # as DeepSpeed's loader calls it
+        trainer = make_trainer(model_dir, tmp_path / f"zero{stage}", "periodic")
+        with pytest.raises(ckpt.RunMismatch, match=f"written under DeepSpeed ZeRO-{stage}; this run does not use"):
+            trainer.train(resume_from_checkpoint=str(directory))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_scrip
                              independent of the process layout and of the random number generators
         config               RPGConfig keyword arguments (on top of tests/_tiny.py `cpu_args`)
         resume_from_checkpoint   forwarded to `trainer.train`
+        expect_error         optional: `trainer.train` is expected to raise; the run's result is then the error
         save_model           directory for `trainer.save_model` after training
         probe                record the policy's (and the reference's) log-probs of a fixed probe sequence before
                              training and after every optimizer step
@@ -182,7 +183,12 @@ def run_one(spec, run, model_dir):
     if run.get("poison_step"):
         trainer.add_callback(Poison(trainer.model, run["poison_step"]))
 
-    trainer.train(resume_from_checkpoint=run.get("resume_from_checkpoint"))
+    try:
+        trainer.train(resume_from_checkpoint=run.get("resume_from_checkpoint"))
+    except Exception as error:
+        if not run.get("expect_error"):
+            raise
+        return {"error": f"{type(error).__name__}: {error}"}
 
     result = {
         "losses": {int(e["step"]): e["loss"] for e in trainer.state.log_history if "loss" in e},
