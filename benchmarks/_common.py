@@ -318,7 +318,7 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     init_worker()
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from trl_rpg.learning_signal import NoLearningSignal
+    from trl_rpg.learning_signal import TRAINED_ON_NOTHING_REASON, NoLearningSignal
 
     toy = toy_module(s)
     t0 = time.perf_counter()
@@ -370,10 +370,9 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
                           processing_class=tokenizer, callbacks=[Eval()])
     trainer.remove_callback(PrinterCallback)  # no per-step log dicts on stdout
     t1 = time.perf_counter()
-    try:
-        trainer.train()
-        no_signal = None
-    except NoLearningSignal as error:  # RPGTrainer's verdict on a run that learned nothing: a result, not a crash
+    try:  # RPGTrainer's verdict on a run that learned nothing is a result, not a crash (GRPOTrainer has none)
+        no_signal = trainer.train().metrics.get(TRAINED_ON_NOTHING_REASON)
+    except NoLearningSignal as error:  # rpg_require_learning_signal=True
         no_signal = str(error)
     train_s = time.perf_counter() - t1
     result = {"accuracy": [(st, round(a, 5)) for st, a in curve], "rewards": [round(x, 5) for x in rewards],

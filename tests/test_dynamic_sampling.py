@@ -307,7 +307,8 @@ def test_cap_raise_stops_within_the_cap(tmp_path, model_path):
 
 def test_cap_train_fills_and_logs(tmp_path, model_path):
     reward = SubsetReward(constant_everywhere=True)
-    trainer = make_trainer(model_path, tmp_path, reward, dynamic_sampling_max_rounds=3)
+    trainer = make_trainer(model_path, tmp_path, reward, dynamic_sampling_max_rounds=3,
+                           rpg_require_learning_signal=True)
     with pytest.raises(RuntimeError, match=r"none of the 4 optimizer steps carried a learning signal \(4 steps: zero "
                                            r"reward spread in every group\)"):  # it trained, on nothing
         trainer.train()

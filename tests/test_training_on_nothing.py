@@ -1,9 +1,10 @@
-"""A run that trains on nothing never exits 0 in silence: rewards never scored (a warning at the first such batch,
-then an error at the end), no optimizer step carrying a learning signal (a constant reward, greedy sampling, every
-step skipped, every completion masked: a warning after 3 such steps, then an error at the end; see
-`trl_rpg.learning_signal`), reward-model scores that would overflow TRL's std (an error at once), a configuration
-with no training step (an error naming the field), no optimizer step taken (an error); a resume from a checkpoint
-already at the last step says what happens (a warning)."""
+"""A run that trains on nothing is never silent: rewards never scored (a warning at the first such batch, then the
+verdict at the end: an error with `rpg_require_learning_signal=True`, as these tests set it; the default's warning
+and metrics: tests/test_learning_signal_verdict.py), no optimizer step carrying a learning signal (a constant
+reward, greedy sampling, every step skipped, every completion masked: a warning after 3 such steps, then the verdict
+at the end; see `trl_rpg.learning_signal`), reward-model scores that would overflow TRL's std (an error at once), a
+configuration with no training step (an error naming the field), no optimizer step taken (the verdict); a resume
+from a checkpoint already at the last step says what happens (a warning)."""
 
 import logging
 
@@ -27,7 +28,8 @@ def unscored(completions, **kwargs):
 
 
 def test_a_run_with_no_scored_reward_fails_after_one_warning(tmp_path, model_path, caplog):
-    args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=2))  # 2 generation batches
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=2,  # 2 generation batches
+                                rpg_require_learning_signal=True))
     trainer = RPGTrainer(model=model_path, reward_funcs=unscored, args=args, train_dataset=tiny_dataset())
     with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
         with pytest.raises(RuntimeError, match=r"none of the 2 training batches had a single scored reward.*"
@@ -70,7 +72,7 @@ def test_a_configuration_with_no_training_step_is_refused(tmp_path, max_steps, e
 
 
 def test_a_run_that_takes_no_optimizer_step_fails(tmp_path, model_path):
-    args = RPGConfig(**cpu_args(tmp_path, max_steps=2))
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=2, rpg_require_learning_signal=True))
     trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
     trainer.args.max_steps, trainer.args.num_train_epochs = -1, 0  # changed after the config's own check
     with pytest.raises(RuntimeError, match="the run took no optimizer step"):
@@ -102,7 +104,9 @@ def constant_reward(completions, **kwargs):
 
 
 def train_without_signal(trainer, caplog, error: str):
-    """Train; the run must log the no-signal warning once and raise `error` (a regex) at the end."""
+    """Train with `rpg_require_learning_signal=True`; the run must log the no-signal warning once and raise `error`
+    (a regex) at the end."""
+    trainer.args.rpg_require_learning_signal = True
     with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
         with pytest.raises(RuntimeError, match=error):
             trainer.train()

@@ -97,6 +97,13 @@ class RPGConfig(GRPOConfig):
             a `TimeoutError` naming the function. `None` (the default, as in TRL) sets no limit: no one limit fits
             every reward (a code sandbox or a remote judge can legitimately take minutes per batch), and with a limit
             a synchronous function runs in a worker thread (`trl_rpg.validation.checked_reward_function`).
+        rpg_require_learning_signal (`bool`, *optional*, defaults to `False`):
+            What `train()` does when the run trained on nothing (no optimizer step, no scored reward, or no step with
+            a learning signal: `trl_rpg.learning_signal`). `False`: it returns, as `GRPOTrainer.train()` does, with
+            the verdict as a warning at the end and in the returned metrics (`rpg/trained_on_nothing`,
+            `rpg/trained_on_nothing_reason`). `True`: it saves the final model to `output_dir` (whatever
+            `save_strategy`) and raises `trl_rpg.learning_signal.NoLearningSignal` saying so. `trl-rpg train` sets
+            it to `True`.
 
         > Parameters that control dynamic sampling (DAPO)
 
@@ -200,6 +207,12 @@ class RPGConfig(GRPOConfig):
         None,
         "Seconds one reward-function call may take before training stops with a TimeoutError naming it; None (the "
         "default, as in TRL): no limit.",
+    )
+    rpg_require_learning_signal: bool = _field(
+        False,
+        "A run that trained on nothing (no step with a learning signal): False (default, as GRPOTrainer) returns "
+        "from train() with a warning and the verdict in its metrics; True saves the final model to output_dir and "
+        "raises NoLearningSignal. trl-rpg train sets it to True.",
     )
 
     # ---- Dynamic sampling (DAPO) ----

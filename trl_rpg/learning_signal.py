@@ -1,4 +1,4 @@
-"""Whether a training run learns anything: a run in which no optimizer step carried a learning signal must not succeed.
+"""Whether a training run learns anything: a run in which no optimizer step carried a learning signal is told so.
 
 RPG's policy gradient is `E[w * A * grad log pi]` (docs/math.md section 2): it moves the policy only through completion
 tokens that are trained on (loss mask 1) and whose advantage `A` is not 0. Under TRL's group baseline a completion's
@@ -11,8 +11,11 @@ non-finite-gradient guard, or rewards so large that TRL's float32 std overflows 
 Definitions (what the trainer feeds in, and what is decided):
 
 - A generation batch carries signal when (1) at least one group of `num_generations` completions has rewards that
-  are not all equal (`dynamic_sampling.group_reward_signal`, the test dynamic sampling uses: the weighted rewards of
-  all processes, as TRL gathers them, unscored completions left out, max - min above a relative 1e-6), and (2) at
+  are not all equal (`dynamic_sampling.group_reward_signal` with `rtol=0`: the weighted rewards of all processes, as
+  TRL gathers them in float32, unscored completions left out, max - min above 0). Not a tolerance: rewards any distance
+  apart get non-zero advantages from TRL and move the parameters (1e-6 apart: by 0.1), so they are a signal; rewards
+  that are all equal are not, though TRL's float32 group mean can leave their advantages at rounding noise (up to
+  0.37 once divided by the group std, for a constant 1000.7 in groups of 8). And (2) at
   least one completion token of the batch is trained on (loss mask 1 after TRL's truncation masking, tool mask
   included) and belongs to a completion whose advantage is not 0. Token counts are summed over processes, so every
   process decides the same. With dynamic sampling, (1) reads the groups of every round of the batch.
@@ -23,8 +26,10 @@ Definitions (what the trainer feeds in, and what is decided):
   the policy towards the reference or towards higher entropy, which learns nothing about the task; and the KL term's
   gradient is 0 where the policy equals its reference, as it does at the start with `rpg_reference="initial"` and at
   every generation with `"sampling"`.
-- The trainer warns after `WARN_AFTER` optimizer steps in a row without signal, naming the causes, and `train()`
-  raises `final_error()` when no step of the whole run carried signal. The counts are kept in the trainer state
+- The trainer warns after `WARN_AFTER` optimizer steps in a row without signal, naming the causes. When no step of
+  the whole run carried signal (`trained_on_nothing`), `train()` returns, as `GRPOTrainer.train()` does, warning with
+  `verdict_warning` and with the verdict in its metrics (`verdict_metrics`); with `rpg_require_learning_signal=True`
+  it saves the final model and raises `NoLearningSignal` (`verdict_error`). The counts are kept in the trainer state
   (`STATE_KEY`, saved in `trainer_state.json` with every checkpoint), so a resumed run whose earlier steps carried
   signal does not fail because its remaining steps carry none; it still warns.
 
@@ -47,6 +52,12 @@ from .validation import MAX_ABS_REWARD
 
 __all__ = [
     "NoLearningSignal",
+    "STEPS_WITH_SIGNAL",
+    "TRAINED_ON_NOTHING",
+    "TRAINED_ON_NOTHING_REASON",
+    "verdict_error",
+    "verdict_metrics",
+    "verdict_warning",
     "trained_on_nothing",
     "ALL_MASKED",
     "SKIPPED",
@@ -79,6 +90,34 @@ def trained_on_nothing(global_step: int, max_steps: int, scoring, tally: SignalT
                 f"reward function returned None or NaN for every completion), so the model was trained on nothing. "
                 f"Reward functions: {list(reward_func_names)}; data set columns: {columns}.")
     return tally.final_error()
+
+
+#: Keys of the verdict in the metrics `train()` returns (`TrainOutput.metrics`).
+TRAINED_ON_NOTHING, TRAINED_ON_NOTHING_REASON, STEPS_WITH_SIGNAL = (
+    "rpg/trained_on_nothing", "rpg/trained_on_nothing_reason", "rpg/steps_with_learning_signal")
+
+
+def verdict_metrics(error: str | None, tally: SignalTally) -> dict:
+    """The verdict of `trained_on_nothing` (`error`) as metrics: `rpg/trained_on_nothing` 1.0 or 0.0, the optimizer
+    steps with signal in the whole run (a resumed checkpoint's included), and the reason when it trained on nothing."""
+    metrics = {TRAINED_ON_NOTHING: float(error is not None),
+               STEPS_WITH_SIGNAL: float(tally.state_dict()["steps_with_signal"])}
+    if error is not None:
+        metrics[TRAINED_ON_NOTHING_REASON] = error
+    return metrics
+
+
+def verdict_warning(error: str) -> str:
+    """The end-of-training warning of a run that trained on nothing (`rpg_require_learning_signal=False`)."""
+    return (f"{error} train() returns all the same, as GRPOTrainer.train() does (the verdict is in its metrics, "
+            f"{TRAINED_ON_NOTHING!r}); set rpg_require_learning_signal=True to make it an error, as `trl-rpg train` "
+            "does.")
+
+
+def verdict_error(error: str, saved_to: str) -> str:
+    """The `NoLearningSignal` message (`rpg_require_learning_signal=True`), saying where the final model was saved."""
+    return (f"{error} The final model was saved to {saved_to} before this error (rpg_require_learning_signal=True), "
+            "so nothing of the run is lost.")
 
 
 #: Key of the tally's counts in `TrainerState.stateful_callbacks` (saved in `trainer_state.json`).
@@ -145,7 +184,7 @@ def batch_facts(rewards_per_round: Sequence[torch.Tensor], advantages: torch.Ten
     """
     groups = spread = 0
     for rewards in rewards_per_round:
-        informative, _ = group_reward_signal(rewards, reward_weights, num_generations, aggregation)
+        informative, _ = group_reward_signal(rewards, reward_weights, num_generations, aggregation, rtol=0.0)
         groups += informative.numel()
         spread += int(informative.sum())
     mask = loss_mask.detach() != 0

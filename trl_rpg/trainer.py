@@ -276,8 +276,12 @@ class RPGTrainer(GRPOTrainer):
         error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
                                                    self._signal, self.reward_func_names,
                                                    getattr(self.train_dataset, "column_names", None))
-        if error:
-            raise learning_signal.NoLearningSignal(error)
+        output.metrics.update(learning_signal.verdict_metrics(error, self._signal))
+        if error and self.args.rpg_require_learning_signal:
+            self.save_model(self.args.output_dir)  # a script's own save after train() never runs
+            raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
+        if error and self.is_world_process_zero():
+            logger.warning(learning_signal.verdict_warning(error))
         return output
 
     def _verified_checkpoint(self, request) -> str:

@@ -81,7 +81,15 @@ def make_train_parser(prog: str = "trl-rpg train"):
     parser = TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage)
     for flag, help_text in _RPG_HELP.items():  # GRPOConfig fields whose TRL help is not true under RPG
         parser._option_string_actions[flag].help = help_text
+    # a command-line run that learned nothing exits non-zero (after saving the final model); the Python API returns
+    parser.set_defaults(rpg_require_learning_signal=True)
+    parser._option_string_actions["--rpg_require_learning_signal"].help = _REQUIRE_SIGNAL_HELP
     return parser
+
+
+_REQUIRE_SIGNAL_HELP = ("A run that trained on nothing (no step with a learning signal) saves its final model and "
+                        "exits non-zero with NoLearningSignal. Default here True (RPGConfig's default, False, makes "
+                        "train() return with a warning, as GRPOTrainer does).")
 
 
 #: Help texts of `GRPOConfig` fields that RPG resolves, ignores or refuses (TRL's own text says otherwise).
