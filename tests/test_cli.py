@@ -576,7 +576,7 @@ def test_reward_names_resolve_and_unknown_ones_fail():
     assert funcs[0] is math_reward and funcs[1] is toy_reward
     assert funcs[2](completion_ids=[[1] * 12, [1] * 14]) == [0.0, -0.5]  # soft punishment from 12 to 16 tokens
     assert funcs[3](["abcd"]) == [0.5]
-    assert cli.resolve_reward_funcs(None, 16, 4) == [math_reward]  # the paper's reward by default
+    assert cli.resolve_reward_funcs(None, 16, 4) == [math_reward]  # 1 / 0 by default (paper_math_reward: +1 / -1)
     with pytest.raises(ValueError, match="Unknown reward function 'nope'"):
         cli.resolve_reward_funcs(["nope"], 16, 4)
     with pytest.raises(ValueError, match="cannot import 'fn' from 'no_such_module'"):
