@@ -3,12 +3,12 @@ batch even when earlier batches were scored (`validation.ScoringTally`), and a s
 judges its own steps, not the first call's (`learning_signal.SignalTally`)."""
 
 import logging
+import re
 
 import pytest
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.learning_signal import NoLearningSignal
 
 UNSCORED = "no reward function scored any completion"
 
@@ -58,13 +58,14 @@ def test_the_first_unscored_batch_warns_when_earlier_batches_were_scored(tmp_pat
 
 
 def test_a_second_train_call_judges_only_its_own_steps(tmp_path, model_path):
-    """The first call's steps carry signal; the second call's do not (a constant reward): the second call fails,
-    whatever the first one counted."""
+    """The first call's steps carry signal; the second call's do not (a constant reward): the second call's verdict
+    is "trained on nothing", whatever the first one counted."""
     reward = ScriptedReward(["informative", "constant"])
     args = RPGConfig(**cpu_args(tmp_path, max_steps=2, steps_per_generation=2))  # one batch per call
     trainer = RPGTrainer(model=model_path, reward_funcs=reward, args=args, train_dataset=tiny_dataset())
-    trainer.train()
-    with pytest.raises(NoLearningSignal, match=r"none of the 2 optimizer steps carried a learning signal \(2 steps: "
-                                               r"zero reward spread in every group\)"):
-        trainer.train()
+    assert trainer.train().metrics["rpg/trained_on_nothing"] == 0.0
+    second = trainer.train().metrics
     assert reward.calls == 2  # the second call generated its own batch
+    assert second["rpg/trained_on_nothing"] == 1.0
+    assert re.search(r"none of the 2 optimizer steps carried a learning signal \(2 steps: zero reward spread in every "
+                     r"group\)", second["rpg/trained_on_nothing_reason"])

@@ -253,6 +253,8 @@ def test_token_counts_are_summed_over_processes(tmp_path, model_path):
         return reduce(tensor, reduction=reduction, **kwargs)
 
     trainer.accelerator.reduce = with_another_process
+    clip = trainer.accelerator.clip_grad_norm_  # and the other process's gradient, which DDP adds to this one's
+    trainer.accelerator.clip_grad_norm_ = lambda *args, **kwargs: clip(*args, **kwargs) + 1.0
     trainer.train()
     assert counts == [("sum", [0, 0])] * 2  # one reduction per generation batch, of this process's counts
     assert trainer.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 2, "steps_with_signal": 2}

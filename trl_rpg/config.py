@@ -16,6 +16,10 @@ REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
 AGGREGATION_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 DYNAMIC_SAMPLING_ON_EXHAUSTED = ("train", "raise")
+#: The smallest clip width (`epsilon`, `epsilon_high`): float32's machine epsilon 2^-23, the spacing of float32 numbers
+#: above 1. The ratio and its bounds are compared in float32 (`objectives.rpg_per_token_loss` computes in at least
+#: float32), where 1 + 1e-8 == 1: a smaller width is no trust region at all, or is rounded up to this one.
+MIN_CLIP_WIDTH = 2.0**-23
 
 
 def _field(default, help_text: str, choices: list | None = None):
@@ -274,6 +278,13 @@ class RPGConfig(GRPOConfig):
         if not _finite(self.epsilon_high) or self.epsilon_high <= 0:
             bad("epsilon_high", self.epsilon_high, "it must be a finite number > 0 (the upper clip width eps_high; "
                                                    "with 0, on-policy tokens would get no gradient)")
+        for name in ("epsilon", "epsilon_high"):  # a width float32 rounds away is not the width set
+            if getattr(self, name) < MIN_CLIP_WIDTH:
+                bad(name, getattr(self, name),
+                    f"it must be at least {MIN_CLIP_WIDTH:.3g} (2^-23, float32's resolution at 1): RPG compares the "
+                    "ratio w with 1 - epsilon and 1 + epsilon_high in float32 (bfloat16 log-probs are upcast), where "
+                    "a smaller width is rounded (1 + 1e-8 is 1: every on-policy token, w = 1, would sit on the clip "
+                    "boundary and get no gradient)")
         if self.rpg_dual_clip_c is not None and (not _finite(self.rpg_dual_clip_c) or self.rpg_dual_clip_c <= 1):
             bad("rpg_dual_clip_c", self.rpg_dual_clip_c, "it must be a number > 1, or None to disable dual-clip")
 

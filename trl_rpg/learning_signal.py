@@ -6,20 +6,23 @@ advantage is 0 whenever every completion of its prompt got the same reward. So a
 finite and error-free, and learn nothing: a constant reward (or `math_reward` when the model never writes an
 answer), greedy sampling (`top_k=1`, temperature ~0: every completion of a prompt is the same), every completion
 masked (`mask_truncated_completions=True` with every completion truncated), every optimizer step skipped by the
-non-finite-gradient guard, or rewards so large that TRL's float32 std overflows (every advantage 0).
+non-finite-gradient guard, rewards so large that TRL's float32 std overflows (every advantage 0), or a gradient
+exactly 0 at every step (every trained-on token in a zero-gradient region of the clip).
 
 Definitions (what the trainer feeds in, and what is decided):
 
 - A generation batch carries signal when (1) at least one group of `num_generations` completions has rewards that
   are not all equal (`dynamic_sampling.group_reward_signal` with `rtol=0`: the weighted rewards of all processes, as
   TRL gathers them in float32, unscored completions left out, max - min above 0). Not a tolerance: rewards any distance
-  apart get non-zero advantages from TRL and move the parameters (1e-6 apart: by 0.1), so they are a signal; rewards
-  that are all equal are not, though TRL's float32 group mean can leave their advantages at rounding noise (up to
-  0.37 once divided by the group std, for a constant 1000.7 in groups of 8). And (2) at
-  least one completion token of the batch is trained on (loss mask 1 after TRL's truncation masking, tool mask
-  included) and belongs to a completion whose advantage is not 0. Token counts are summed over processes, so every
-  process decides the same. With dynamic sampling, (1) reads the groups of every round of the batch.
-- An optimizer step carries signal when it was not skipped by the non-finite-gradient guard and a generation batch it
+  apart get non-zero advantages from TRL and move the parameters (at most 1e-6 apart, learning rate 1e-2: by 0.012
+  in 2 steps on the tests' tiny model), so they are a signal; rewards that are all equal are not, though TRL's
+  float32 group mean can leave their advantages at rounding noise (up to 0.37 once divided by the group std, for a
+  constant 1000.7 in groups of 8). And (2) at least one completion token of the batch is trained on (loss mask 1
+  after TRL's truncation masking, tool mask included) and belongs to a completion whose advantage is not 0. Token
+  counts are summed over processes, so every process decides the same. With dynamic sampling, (1) reads the groups of
+  every round of the batch.
+- An optimizer step carries signal when it was not skipped by the non-finite-gradient guard, its gradient norm is not
+  exactly 0 (`gradient_is_zero`: then it changed nothing, whatever its batch offered) and a generation batch it
   trained on carries signal: the batches generated since the previous optimizer step or, when none was (a batch
   reused for several steps), the latest one. The whole batch is judged, not the slice a step trains on.
 - The KL penalty (`beta`) and TRL's entropy bonus are not counted as signal. Without reward signal they can only pull
@@ -64,12 +67,14 @@ __all__ = [
     "STATE_KEY",
     "WARN_AFTER",
     "ZERO_ADVANTAGE",
+    "ZERO_GRADIENT",
     "ZERO_SPREAD",
     "HINTS",
     "BatchFacts",
     "SignalTally",
     "batch_facts",
     "check_reward_model_scores",
+    "gradient_is_zero",
     "step_cause",
 ]
 
@@ -131,6 +136,7 @@ ZERO_SPREAD = "zero reward spread in every group"
 ALL_MASKED = "every completion token masked"
 ZERO_ADVANTAGE = "every advantage 0 although rewards differ"
 SKIPPED = "skipped by the non-finite-gradient guard"
+ZERO_GRADIENT = "gradient exactly 0"
 
 #: What to check, per cause.
 HINTS = {
@@ -139,6 +145,8 @@ HINTS = {
     ALL_MASKED: ("mask_truncated_completions=True and every completion truncated: raise max_completion_length"),
     ZERO_ADVANTAGE: "rewards differ but every advantage is 0: check the reward scale and scale_rewards",
     SKIPPED: "the gradient norm was not finite: see the skipped-step warnings",
+    ZERO_GRADIENT: ("the gradient norm was 0.0: every trained-on token sat in a zero-gradient region of the clip "
+                    "(epsilon, epsilon_high, rpg_dual_clip_c), or no trainable parameter reaches the loss"),
 }
 
 
@@ -200,15 +208,23 @@ def batch_facts(rewards_per_round: Sequence[torch.Tensor], advantages: torch.Ten
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def step_cause(batches: Sequence[BatchFacts], skipped: bool) -> str | None:
+def step_cause(batches: Sequence[BatchFacts], skipped: bool, zero_gradient: bool = False) -> str | None:
     """Why an optimizer step that trained on `batches` carried no signal (None when it did). A batch cause comes
-    before the skip (the batch is the root); a step with no batch to judge counts as carrying signal."""
+    before the step's own (skipped, or a gradient exactly 0: the batch is the root); a step with no batch to judge
+    has only its own."""
+    own = SKIPPED if skipped else ZERO_GRADIENT if zero_gradient else None
     if not batches:
-        return SKIPPED if skipped else None
+        return own
     causes = [b.cause for b in batches]
     if any(c is None for c in causes):
-        return SKIPPED if skipped else None
+        return own
     return causes[-1]
+
+
+def gradient_is_zero(grad_norm) -> bool:
+    """Whether the total gradient norm of an optimizer step (a float, a 0-d tensor, or None when unknown, as under
+    some DeepSpeed stages) is exactly 0: every process sees the same (all-reduced) norm."""
+    return grad_norm is not None and float(grad_norm) == 0.0
 
 
 def _counted(causes: Counter) -> str:
@@ -241,8 +257,10 @@ class SignalTally:
         self._pending.append(facts)
         self._latest = facts
 
-    def end_step(self, skipped: bool, saved: dict | None = None) -> tuple[dict, str | None]:
-        """Judge the optimizer step being taken (`skipped`: by the non-finite-gradient guard).
+    def end_step(self, skipped: bool, saved: dict | None = None,
+                 zero_gradient: bool = False) -> tuple[dict, str | None]:
+        """Judge the optimizer step being taken (`skipped`: by the non-finite-gradient guard; `zero_gradient`: its
+        gradient norm is exactly 0, `gradient_is_zero`).
 
         `saved` is the trainer state's entry under `STATE_KEY`; it is read at the first step only (a resumed run's
         counts so far). Returns the entry to store back and the warning to log, if this step completes `WARN_AFTER`
@@ -254,7 +272,7 @@ class SignalTally:
             self.prior_steps_with_signal = int(saved.get("steps_with_signal", 0))
         batches = self._pending or ([self._latest] if self._latest is not None else [])
         self._pending = []
-        cause = step_cause(batches, skipped)
+        cause = step_cause(batches, skipped, zero_gradient)
         self.steps += 1
         warning = None
         if cause is None:
@@ -282,8 +300,9 @@ class SignalTally:
         resumed = f" (and none of the {self.prior_steps} before the resumed checkpoint)" if self.prior_steps else ""
         return (f"RPGTrainer: none of the {self.steps} optimizer steps{resumed} carried a learning signal "
                 f"({_counted(self.causes)}), so the model was trained on nothing. A step carries signal when it is "
-                "not skipped and its generation batch has a group whose rewards differ and a trained-on token with a "
-                f"non-zero advantage (the KL penalty and the entropy bonus do not count). {_hints(self.causes)}")
+                "not skipped, its gradient is not exactly 0 and its generation batch has a group whose rewards differ "
+                "and a trained-on token with a non-zero advantage (the KL penalty and the entropy bonus do not "
+                f"count). {_hints(self.causes)}")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from .validation import (
     ScoringTally,
     checked_reward_function,
     validate_dataset_size,
+    validate_eval_dataset,
     validate_tokenized_prompts,
     validate_train_dataset,
 )
@@ -70,6 +71,7 @@ class RPGTrainer(GRPOTrainer):
             validate_train_dataset(train_dataset)
             validate_dataset_size(train_dataset, args)
             check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
+            validate_eval_dataset(positional[1] if len(positional) > 1 else kwargs.get("eval_dataset"), reward_funcs)
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
@@ -253,7 +255,8 @@ class RPGTrainer(GRPOTrainer):
             logger.warning("RPGTrainer: the gradient norm is %s at step %d; optimizer step skipped (%d so far).",
                            float(grad_norm), self.state.global_step + 1, self.skipped_steps)
         saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
-        saved[key], warning = self._signal.end_step(skipped, saved.get(key))
+        saved[key], warning = self._signal.end_step(skipped, saved.get(key),
+                                                    zero_gradient=learning_signal.gradient_is_zero(grad_norm))
         if warning:
             logger.warning(warning)
         return grad_norm

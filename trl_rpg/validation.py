@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ._compat import is_async_callable
+from .rewards.registry import check_reward_columns
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,18 @@ def validate_train_dataset(dataset, name: str = "train_dataset", max_rows: int |
     prompts = dataset["prompt"] if max_rows is None else dataset.select(range(min(max_rows, len(dataset))))["prompt"]
     for row, prompt in enumerate(prompts):
         _check_prompt(prompt, name, row)
+
+
+def validate_eval_dataset(eval_dataset, reward_funcs) -> None:
+    """Check an evaluation set as the training set is checked, before any model is loaded: a usable `prompt` column
+    (`validate_train_dataset`) and the columns the reward functions read (`rewards.check_reward_columns`: without
+    them a function scores nothing, and `eval_reward` silently reports the other functions alone). A dict of data
+    sets (TRL evaluates each under its key) is checked set by set, each named by its key in the error."""
+    named = eval_dataset.items() if isinstance(eval_dataset, dict) else [(None, eval_dataset)]
+    for key, dataset in named:
+        name = "eval_dataset" if key is None else f"eval_dataset[{key!r}]"
+        validate_train_dataset(dataset, name)
+        check_reward_columns(reward_funcs, getattr(dataset, "column_names", None), name)
 
 
 def _no_prompt_column(name, columns) -> str:
