@@ -261,7 +261,8 @@ def tables(summary: dict) -> str:
 def main(argv=None):
     from ._common import default_results_path, machine_info, write_json
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 seeds")
     p.add_argument("--seeds", type=int, nargs="+", help="override the seeds (default 0-4; --quick: 0-1)")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")

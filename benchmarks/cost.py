@@ -811,7 +811,8 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="small model, short completions, 2 repetitions")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--lengths", type=int, nargs="+", help="override the completion lengths")

@@ -390,7 +390,8 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 seeds, 4 generation batches (< 5 min)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")

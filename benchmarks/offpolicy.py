@@ -768,7 +768,8 @@ def _report(result: dict, json_path: str, png: str | None) -> None:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 seeds, 32 steps per run")
     p.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods (with --resume: add)")

@@ -120,7 +120,7 @@ class MathScriptArguments(ScriptArguments):
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
-    parser = TrlParser((MathScriptArguments, RPGConfig, ModelConfig), prog=prog)
+    parser = TrlParser((MathScriptArguments, RPGConfig, ModelConfig), prog=prog, allow_abbrev=False)
     parser.set_defaults(**PAPER_DEFAULTS)
     return parser
 
@@ -266,26 +266,30 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         quantization_config=get_quantization_config(model_args),
         callbacks=[RPGPlotCallback()],  # <output_dir>/rpg_curves.png at every checkpoint and at the end
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    trainer.create_model_card(model_name=Path(training_args.output_dir).name, dataset_name=script_args.dataset_name)
-    state.wait_for_everyone()
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        trainer.save_model(training_args.output_dir)
+        trainer.create_model_card(model_name=Path(training_args.output_dir).name,
+                                  dataset_name=script_args.dataset_name)
+        state.wait_for_everyone()
 
-    if state.is_main_process and any(n.lower() != "none" for n in script_args.eval_benchmarks):
-        if state.num_processes == 1 and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            tokenizer = trainer.processing_class
-        else:  # sharded training: evaluate the saved, gathered model on this process alone
-            model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None)
-        results["after"] = evaluate(model, tokenizer, script_args, training_args, "after")
-    if state.is_main_process:
-        path = os.path.join(training_args.output_dir, "eval_results.json")
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"Evaluation results written to {path}")
-    state.wait_for_everyone()
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        if state.is_main_process and any(n.lower() != "none" for n in script_args.eval_benchmarks):
+            if state.num_processes == 1 and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled:
+                model = trainer.accelerator.unwrap_model(trainer.model)
+                tokenizer = trainer.processing_class
+            else:  # sharded training: evaluate the saved, gathered model on this process alone
+                model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None)
+            results["after"] = evaluate(model, tokenizer, script_args, training_args, "after")
+        if state.is_main_process:
+            path = os.path.join(training_args.output_dir, "eval_results.json")
+            with open(path, "w") as f:
+                json.dump(results, f, indent=2)
+            print(f"Evaluation results written to {path}")
+        state.wait_for_everyone()
+        if training_args.push_to_hub:
+            trainer.push_to_hub(dataset_name=script_args.dataset_name)
+    finally:
+        trainer.end()  # as TRL's grpo.py, however the run ends: finish the trackers, destroy the process group
     return results
 
 

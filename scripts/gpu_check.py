@@ -183,7 +183,8 @@ def report(files: list[str]) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("make-model")
     p.add_argument("directory")

@@ -211,6 +211,11 @@ def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-4000:]
     assert resumed.stdout.count("'loss':") == 1  # one step trained: steps 1-2 came from checkpoint-2
     assert "already holds" not in resumed.stderr  # resuming: no warning about the checkpoints it resumes
+    # one line says which checkpoint, which step, verified
+    files = json.loads((out / "checkpoint-2" / "rpg_checkpoint_complete.json").read_text())["files"]
+    resuming = [line for line in resumed.stderr.splitlines() if "RPGTrainer: resuming from" in line]
+    assert resuming == [f"RPGTrainer: resuming from {out / 'checkpoint-2'} at step 2 (verified: its {len(files)} "
+                        "files match the sizes and SHA-256 checksums its manifest records)."], resuming
     state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and [h["step"] for h in state["log_history"] if "loss" in h] == [1, 2, 3]
 
@@ -290,6 +295,8 @@ def test_launcher_passes_accelerate_the_values_it_would_pick(monkeypatch, tmp_pa
     monkeypatch.setattr(cli.launcher, "_local_device_count", lambda: 0)
     seen = []
     monkeypatch.setattr(launch, "launch_command", seen.append)
+    # one process trains in the launcher's process, with the arguments accelerate completes
+    monkeypatch.setattr(cli.launcher, "train_in_this_process", lambda args, prog: seen.append(args) or 0)
     assert cli.main(["train", "--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True"]) == 0
     args = seen[-1]
     assert (args.num_processes, args.num_machines, args.mixed_precision, args.dynamo_backend) == (1, 1, "no", "no")
@@ -363,25 +370,35 @@ def _gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+#: A stand-in for the launcher of several training processes: it starts `python -m trl_rpg train ARGS` as
+#: `trl-rpg train` does (telling it its pid), then waits.
+_WAITING_LAUNCHER = ("import os, subprocess, sys, time\n"
+                     "env = dict(os.environ, TRL_RPG_LAUNCHER_PID=str(os.getpid()))\n"
+                     "subprocess.Popen([sys.executable, '-m', 'trl_rpg', 'train', *sys.argv[1:]], env=env)\n"
+                     "time.sleep(600)\n")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_killing_the_launcher_with_sigkill_ends_the_training_process(tiny_setup, tmp_path):
-    """`kill -9` of `trl-rpg train` (no chance to forward anything): the training process ends too, instead of going
-    on writing checkpoints (and holding GPUs) as an orphan."""
+    """`kill -9` of the launcher (no chance to forward anything): a training process it started ends too, instead
+    of going on writing checkpoints (and holding GPUs) as an orphan. (One process trains in `trl-rpg train`'s own
+    process; several are its children, as the training process here, which waits in its reward module's import
+    until it is killed. tests/test_cli_launcher.py checks that `trl-rpg train` tells them its pid.)"""
     import signal
 
     root, model, data = tiny_setup
-    args = _args_with_local_reward(model, data, tmp_path / "out", tmp_path, "pid_reward", (
-        "import os, pathlib, time\n\n\ndef pid_reward(completions, **kwargs):\n"
-        "    pathlib.Path('child.pid').write_text(str(os.getpid()))\n"
-        "    time.sleep(300)\n"
-        "    return [0.0] * len(completions)\n"))
-    launcher = subprocess.Popen(_console_script() + ["train", *args], cwd=tmp_path, env=_env(),
+    (tmp_path / "pid_reward.py").write_text("import os, pathlib, time\npathlib.Path('child.pid').write_text("
+                                            "str(os.getpid()))\ntime.sleep(300)\n\n\ndef pid_reward(**kwargs):\n"
+                                            "    return []\n")
+    args = _train_args(model, data, tmp_path / "out")
+    args[args.index("_tiny.length_reward")] = "pid_reward.pid_reward"
+    launcher = subprocess.Popen([sys.executable, "-c", _WAITING_LAUNCHER, *args], cwd=tmp_path, env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pid_file, child = tmp_path / "child.pid", None
     try:
         deadline = time.monotonic() + 240
         while not pid_file.exists() or not pid_file.read_text():
-            assert launcher.poll() is None and time.monotonic() < deadline, "the training never called its reward"
+            assert launcher.poll() is None and time.monotonic() < deadline, "the training never imported its reward"
             time.sleep(0.5)
         child = int(pid_file.read_text())
         assert child != launcher.pid and not _gone(child)

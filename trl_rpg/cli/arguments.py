@@ -78,7 +78,9 @@ def make_train_parser(prog: str = "trl-rpg train"):
     from ..config import RPGConfig
 
     usage = _TRAIN_USAGE.format(prog=prog) if prog.startswith("trl-rpg") else f"{prog} [training arguments]"
-    parser = TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage)
+    # allow_abbrev=False: `--max_step 2` is an unknown argument, not `--max_steps 2` (argparse's prefix matching)
+    parser = TrlParser((RPGScriptArguments, RPGConfig, ModelConfig, DatasetMixtureConfig), prog=prog, usage=usage,
+                       allow_abbrev=False)
     for flag, help_text in _RPG_HELP.items():  # GRPOConfig fields whose TRL help is not true under RPG
         parser._option_string_actions[flag].help = help_text
     # a command-line run that learned nothing exits non-zero (after saving the final model); the Python API returns
@@ -227,6 +229,35 @@ def resolve_accelerate_config(launch_args: list[str]) -> list[str]:
 
 def _parser_flags(parser) -> list[str]:
     return sorted(flag for flag in parser._option_string_actions if flag.startswith("--"))
+
+
+def _launcher_flags() -> list[str]:
+    from accelerate.commands.launch import launch_command_parser
+
+    return sorted({*_parser_flags(launch_command_parser()), "--accelerate_config"})
+
+
+def recipe_path(argv: list[str]) -> str | None:
+    """The YAML recipe of `argv` (TRL's `--config PATH`), if there is one."""
+    return argv[argv.index("--config") + 1] if "--config" in argv[:-1] else None
+
+
+def check_recipe_keys(config_remaining: list[str], training_flags: list[str], recipe: str | None) -> None:
+    """Refuse the keys of a `--config` recipe that are neither training arguments nor `accelerate launch` options,
+    naming the file and each key (with the closest valid one). `config_remaining` is what TRL's parser did not take
+    from the recipe: `--key value` pairs."""
+    launcher_flags = _launcher_flags()
+    unknown = [key.removeprefix("--") for key in config_remaining[0::2] if key not in launcher_flags]
+    if not unknown:
+        return
+    known = [flag.removeprefix("--") for flag in training_flags + launcher_flags]
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        parts.append(f"{key} (did you mean {close[0]}?)" if close else key)
+    noun = "key" if len(parts) == 1 else "keys"
+    raise ValueError(f"{recipe or 'the --config recipe'}: unknown {noun} {', '.join(parts)}: neither a training "
+                     "argument (`trl-rpg train --help`) nor an `accelerate launch` option.")
 
 
 def _unknown_arguments_message(unknown: list[str], training_flags: list[str], launcher_flags: list[str] | None) -> str:

@@ -29,18 +29,34 @@ def check_model_name(name: str | None) -> None:
                                 "model id such as 'Qwen/Qwen3-1.7B'.")
 
 
-def check_resume_path(value) -> None:
-    """Refuse at once a `--resume_from_checkpoint` path that does not exist."""
+def check_resume_path(value, output_dir: str | None = None) -> None:
+    """Refuse at once a `--resume_from_checkpoint` path that does not exist, and `True` (`last`, `latest`) when
+    `output_dir` (if given) holds no complete checkpoint (one with a manifest; it is verified when the run resumes)."""
     resume = resume_argument(value)
     if isinstance(resume, str) and not Path(resume).expanduser().is_dir():
         raise FileNotFoundError(f"--resume_from_checkpoint {value!r}: no such folder. Give a checkpoint folder "
                                 f"(output_dir/checkpoint-N), or {'/'.join(RESUME_LATEST[:2])} for the newest complete "
                                 "checkpoint of --output_dir.")
+    if resume is not True or output_dir is None:
+        return
+    from ..checkpoint import checkpoint_folders, is_complete  # lazy: the checkpoint package imports TRL's model code
+
+    folders = checkpoint_folders(output_dir)
+    if any(is_complete(folder) for folder in folders):
+        return
+    names = ", ".join(os.path.basename(folder) for folder in folders)
+    found = (f"{names} {'is' if len(folders) == 1 else 'are'} incomplete: the save was interrupted" if folders
+             else "it has no checkpoint-N folder" if os.path.isdir(output_dir) else "it does not exist")
+    raise FileNotFoundError(f"--resume_from_checkpoint {value}: --output_dir {output_dir!r} holds no complete "
+                            f"checkpoint ({found}). Start a new run without --resume_from_checkpoint, or give the "
+                            "--output_dir of the run to continue.")
 
 
-def check_local_data_columns(script_args, max_completion_length: int) -> None:
+def check_local_data_columns(script_args, max_completion_length: int, batch_layout=None) -> None:
     """For a local data file, check its columns against the registered reward functions before launching (the
-    training process checks again, dotted-path reward functions included); a Hub data set is left to it."""
+    training process checks again, dotted-path reward functions included), and, given the `batch_layout` the
+    training processes will have (`validation.validate_dataset_size`'s fields), that it holds the prompts of one
+    generation batch; a Hub data set is left to the training process."""
     path = Path(script_args.dataset_name or "").expanduser()
     if not (script_args.dataset_name and path.is_file() and looks_like_data_file(path.name)):
         return
@@ -49,6 +65,10 @@ def check_local_data_columns(script_args, max_completion_length: int) -> None:
     dataset = load_training_data(script_args)
     if script_args.dataset_train_split in dataset:
         check_training_columns(funcs, dataset[script_args.dataset_train_split].column_names)
+        if batch_layout is not None:
+            from ..validation import validate_dataset_size  # lazy: it imports TRL's trainer utilities
+
+            validate_dataset_size(dataset[script_args.dataset_train_split], batch_layout)
 
 
 def check_training_columns(reward_funcs, columns) -> None:
@@ -62,8 +82,9 @@ def check_training_columns(reward_funcs, columns) -> None:
 
 
 def warn_if_output_dir_holds_checkpoints(prog: str, training_args) -> None:
-    """A new run (not resuming) in an `output_dir` that holds checkpoints: say so, naming them (first process only):
-    a later `--resume_from_checkpoint True` resumes the newest checkpoint there, whichever run wrote it."""
+    """A new run (not resuming) in an `output_dir` that holds checkpoints: say so, naming them (first process only),
+    before anything loads (the trainer warns too, for Python users): this run's checkpoint of the same step replaces
+    another run's (`trl_rpg.checkpoint.runs`)."""
     from ..checkpoint import checkpoint_folders  # lazy: the checkpoint package imports TRL's model code
 
     if resume_argument(training_args.resume_from_checkpoint) is not None or not _is_first_process():
@@ -73,9 +94,10 @@ def warn_if_output_dir_holds_checkpoints(prog: str, training_args) -> None:
         shown = ", ".join(names if len(names) <= 6 else names[:2] + ["..."] + names[-3:])
         sys.stdout.flush()
         print(f"{prog}: warning: --output_dir {training_args.output_dir!r} already holds {len(names)} checkpoint(s) "
-              f"({shown}) that this run does not resume; its own checkpoints go beside them, and a later "
-              "--resume_from_checkpoint True resumes the newest there. Pass --resume_from_checkpoint True to continue "
-              "that run, or choose another --output_dir.", file=sys.stderr, flush=True)
+              f"({shown}) that this run does not resume; its own checkpoints go beside them (its rotation leaves "
+              "theirs, a later --resume_from_checkpoint True resumes this run's), but one of the same step replaces "
+              "theirs. Pass --resume_from_checkpoint True to continue that run, or choose another --output_dir.",
+              file=sys.stderr, flush=True)
 
 
 def _is_first_process() -> bool:

@@ -11,8 +11,9 @@ def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
     from ..toy.task import DEFAULT_SFT_STEPS
 
     parser = argparse.ArgumentParser(
-        prog=prog, description="Train a tiny model built on the spot (no download) on a toy arithmetic-reasoning task "
-                               "with RPG, on CPU, and print held-out accuracy before and after.")
+        prog=prog, allow_abbrev=False,
+        description="Train a tiny model built on the spot (no download) on a toy arithmetic-reasoning task with RPG, "
+                    "on CPU, and print held-out accuracy before and after.")
     parser.add_argument("--output_dir", default="rpg-demo", help="Where the trained model, curves.png and "
                                                                  "metrics.json go (default: rpg-demo).")
     parser.add_argument("--seed", type=int, default=0, help="Random seed (default: 0).")

@@ -4,13 +4,18 @@ checked and loaded before the model, then `RPGTrainer` trained, saved and carded
 
 from __future__ import annotations
 
+import signal
+import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from .arguments import (
     _parser_flags,
     _unknown_arguments_message,
+    check_recipe_keys,
     make_train_parser,
+    recipe_path,
     report_usage_error,
     resume_argument,
 )
@@ -36,6 +41,7 @@ def prepare_training(script_args, training_args, model_args, dataset_args=None) 
     """
     if not model_args.model_name_or_path:
         raise ValueError("trl-rpg train needs --model_name_or_path (a Hub id or a local model folder).")
+    check_resume_path(training_args.resume_from_checkpoint, training_args.output_dir)
     reward_funcs = []
     if script_args.reward_model_name_or_path:
         reward_funcs.append(script_args.reward_model_name_or_path)
@@ -48,7 +54,6 @@ def prepare_training(script_args, training_args, model_args, dataset_args=None) 
     train_dataset = dataset[script_args.dataset_train_split]
     check_training_columns(reward_funcs, getattr(train_dataset, "column_names", None))
     check_model_name(model_args.model_name_or_path)
-    check_resume_path(training_args.resume_from_checkpoint)
     eval_dataset = None
     if training_args.eval_strategy != "no":
         eval_dataset = dataset.get(script_args.dataset_test_split)
@@ -56,7 +61,8 @@ def prepare_training(script_args, training_args, model_args, dataset_args=None) 
 
 
 def train(script_args, training_args, model_args, dataset_args=None, setup: TrainingSetup | None = None):
-    """Train with `RPGTrainer` as TRL's `grpo.py` trains with `GRPOTrainer`; returns the trainer."""
+    """Train with `RPGTrainer` as TRL's `grpo.py` trains with `GRPOTrainer`, ending with `trainer.end()` (finish the
+    trackers, destroy the process group) however the run ends; returns the trainer."""
     from trl import get_peft_config, get_quantization_config
 
     from ..plot_callback import RPGPlotCallback
@@ -78,29 +84,67 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
         quantization_config=get_quantization_config(model_args),
         callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at every checkpoint and at the end
     )
-    trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
-    trainer.accelerator.print("Training completed.")
-    trainer.save_model(training_args.output_dir)
-    if trainer.accelerator.is_main_process:
-        trainer.create_model_card(model_name=Path(training_args.output_dir).name,
-                                  dataset_name=script_args.dataset_name)
-    trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
-    if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
-        trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
+    try:
+        trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
+        trainer.accelerator.print("Training completed.")
+        trainer.save_model(training_args.output_dir)
+        if trainer.accelerator.is_main_process:
+            trainer.create_model_card(model_name=Path(training_args.output_dir).name,
+                                      dataset_name=script_args.dataset_name)
+        trainer.accelerator.print(f"Model saved to {training_args.output_dir}.")
+        if training_args.push_to_hub:
+            trainer.push_to_hub(dataset_name=script_args.dataset_name)
+            trainer.accelerator.print(f"Model pushed to https://huggingface.co/{trainer.hub_model_id}.")
+    finally:
+        close_progress_bars(trainer)
+        trainer.end()  # as TRL's grpo.py
     return trainer
 
 
+def close_progress_bars(trainer) -> None:
+    """Close the trainer's progress bars: a run that raised leaves them open, and tqdm prints them once more when
+    the process exits, after the error (`  0%|  | 0/2`)."""
+    from transformers.trainer_callback import ProgressCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, ProgressCallback):
+            for name in ("training_bar", "prediction_bar"):
+                if getattr(callback, name, None) is not None:
+                    getattr(callback, name).close()
+                    setattr(callback, name, None)
+
+
 def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
-    """`python -m trl_rpg train`: train in this process (what each process of `accelerate launch` runs)."""
+    """`python -m trl_rpg train`: train in this process (what each process of `accelerate launch` runs). Returns the
+    exit status: 0; 2 for a mistake in the arguments; 1 for an error raised while training (its traceback, then the
+    error as the last line); 130 on Ctrl-C."""
     parser = make_train_parser(prog=prog)
     try:
-        *parsed, remaining = parser.parse_args_and_config(list(argv), return_remaining_strings=True)
-        if remaining:
-            raise ValueError(_unknown_arguments_message(remaining, _parser_flags(parser), launcher_flags=None))
+        *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
+            list(argv), return_remaining_strings=True, separate_remaining_strings=True)
+        check_recipe_keys(config_remaining, _parser_flags(parser), recipe_path(argv))  # its launcher keys: used
+        if cli_remaining:
+            raise ValueError(_unknown_arguments_message(cli_remaining, _parser_flags(parser), launcher_flags=None))
         setup = prepare_training(*parsed)
     except (ValueError, FileNotFoundError) as error:
         return report_usage_error(prog, error)
     warn_if_output_dir_holds_checkpoints(prog, parsed[1])
-    train(*parsed, setup=setup)
+    try:
+        train(*parsed, setup=setup)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"{prog}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    except Exception as error:
+        return report_training_error(prog, error)
     return 0
+
+
+def report_training_error(prog: str, error: BaseException) -> int:
+    """An error raised while training: its traceback, then `prog: error: Type: message` (on one line, on every
+    process that raised it) as the last thing printed; returns exit status 1."""
+    sys.stdout.flush()
+    traceback.print_exception(error)
+    message = " ".join(str(error).split())
+    print(f"{prog}: error: {type(error).__name__}: {message}", file=sys.stderr, flush=True)
+    return 1
