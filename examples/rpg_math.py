@@ -22,6 +22,8 @@
   come from the command line: see `examples/recipes/`.
 * Evaluation: mean@k on AIME 2024, AIME 2025 and AMC 2023 (bundled; `--eval_num_samples 32` is the paper's
   mean@32) after training, optionally before (`--eval_before`). Results go to `<output_dir>/eval_results.json`.
+  `--eval_backend vllm` generates them with vLLM (one call sampling the k completions of every problem: the paper's
+  3,200 completions of up to 8k tokens per benchmark); the default batched `model.generate` suits quick checks.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
 * Curves: `<output_dir>/rpg_curves.png` (reward, divergence, the range of `w`, clip fractions over steps), redrawn at
   every checkpoint and at the end (`trl_rpg.plots.RPGPlotCallback`; matplotlib: `pip install 'trl-rpg[plot]'`).
@@ -117,6 +119,11 @@ class MathScriptArguments(ScriptArguments):
     eval_temperature: float = field(default=1.0, metadata={"help": "Sampling temperature of the evaluation."})
     eval_top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold of the evaluation."})
     eval_batch_size: int = field(default=32, metadata={"help": "Rows per `generate` call in the evaluation."})
+    eval_backend: str = field(
+        default="transformers", metadata={
+            "help": "Evaluation generation: 'transformers' (batched `model.generate`) or 'vllm' (one vLLM call "
+                    "sampling the k completions of every problem, for the paper's scale; needs vLLM; the saved model "
+                    "is loaded by its path).", "choices": ["transformers", "vllm"]})
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -189,6 +196,7 @@ def evaluate(model, tokenizer, script_args, training_args, tag: str) -> dict:
         temperature=script_args.eval_temperature, top_p=script_args.eval_top_p,
         batch_size=script_args.eval_batch_size, num_samples=script_args.eval_num_samples,
         max_problems=script_args.eval_max_problems, seed=training_args.seed, return_completions=False,
+        backend=script_args.eval_backend,
         chat_template_kwargs=training_args.chat_template_kwargs if isinstance(training_args.chat_template_kwargs,
                                                                               dict) else None,
     )
@@ -200,16 +208,25 @@ def evaluate(model, tokenizer, script_args, training_args, tag: str) -> dict:
     return summary
 
 
-def _load_for_eval(path: str, model_args, use_peft: bool):
-    """A fresh copy of a saved (or Hub) model for evaluation on the main process."""
+def _load_for_eval(path: str, model_args, use_peft: bool, backend: str = "transformers"):
+    """A fresh copy of a saved (or Hub) model for evaluation on the main process; for the vLLM backend its path (a
+    LoRA adapter merged into its base first, saved in `<path>/merged`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = model_args.dtype if model_args.dtype not in (None, "auto") else "auto"
-    if use_peft and os.path.exists(os.path.join(path, "adapter_config.json")):
+    adapter = use_peft and os.path.exists(os.path.join(path, "adapter_config.json"))
+    if backend == "vllm" and not adapter:
+        return path, AutoTokenizer.from_pretrained(path)
+    if adapter:
         from peft import AutoPeftModelForCausalLM
 
         model = AutoPeftModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if backend == "vllm":  # vLLM loads whole models
+            merged = os.path.join(path, "merged")
+            model.merge_and_unload().save_pretrained(merged)
+            AutoTokenizer.from_pretrained(path).save_pretrained(merged)
+            return merged, AutoTokenizer.from_pretrained(path)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -252,7 +269,8 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
                                   "train_problems": len(train_dataset)}}
 
     if script_args.eval_before and state.is_main_process:
-        model, tokenizer = _load_for_eval(model_args.model_name_or_path, model_args, use_peft=False)
+        model, tokenizer = _load_for_eval(model_args.model_name_or_path, model_args, use_peft=False,
+                                          backend=script_args.eval_backend)
         results["before"] = evaluate(model, tokenizer, script_args, training_args, "before")
         del model
     state.wait_for_everyone()
@@ -274,11 +292,13 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         state.wait_for_everyone()
 
         if state.is_main_process and any(n.lower() != "none" for n in script_args.eval_benchmarks):
-            if state.num_processes == 1 and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled:
+            if (script_args.eval_backend == "transformers" and state.num_processes == 1
+                    and not trainer.is_deepspeed_enabled and not trainer.is_fsdp_enabled):
                 model = trainer.accelerator.unwrap_model(trainer.model)
                 tokenizer = trainer.processing_class
-            else:  # sharded training: evaluate the saved, gathered model on this process alone
-                model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None)
+            else:  # sharded training or vLLM: evaluate the saved, gathered model on this process alone
+                model, tokenizer = _load_for_eval(training_args.output_dir, model_args, peft_config is not None,
+                                                  script_args.eval_backend)
             results["after"] = evaluate(model, tokenizer, script_args, training_args, "after")
         if state.is_main_process:
             path = os.path.join(training_args.output_dir, "eval_results.json")

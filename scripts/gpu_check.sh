@@ -4,6 +4,9 @@
 #   bash scripts/gpu_check.sh              # CUDA machine: random ~0.5B Qwen2-shaped model, bf16, a few minutes
 #   bash scripts/gpu_check.sh --dry-run    # no GPU needed: tiny model, fp32, DeepSpeed on CPU; checks the plumbing
 #   bash scripts/gpu_check.sh --with-rpg-initial   # also RPG with a reference model (rpg_reference="initial")
+#   bash scripts/gpu_check.sh --vllm       # instead: tests/test_vllm_generation.py's claims with real vLLM (colocate,
+#                                          # one GPU, vLLM installed; scripts/vllm_check.py); with --dry-run: on CPU
+#                                          # with the fake engine of tests/vllm_stub (plumbing only)
 #
 # Environment: KEEP=1 keeps the work directory (model, per-run JSON); GPU=<index> picks the GPU (default 0).
 # Nothing is downloaded: the model is randomly initialised and saved locally first.
@@ -11,12 +14,14 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY_RUN=0
+VLLM=0
 TRAINERS=(rpg grpo)
 for arg in "$@"; do
   case "$arg" in
     --dry-run|--tiny) DRY_RUN=1 ;;
     --with-rpg-initial) TRAINERS+=(rpg-initial) ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    --vllm) VLLM=1 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -49,6 +54,26 @@ free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1
 
 start=$(date +%s)
 "$PYTHON" "$ROOT/scripts/gpu_check.py" make-model "$WORK/model" "${TINY[@]}"
+if [ "$VLLM" = 1 ]; then
+  if [ "$DRY_RUN" = 1 ]; then
+    export PYTHONPATH="$ROOT/tests/vllm_stub:$PYTHONPATH"  # the fake engine, as the CPU tests use it
+  elif ! "$PYTHON" -c "import vllm" 2>/dev/null; then
+    echo "[gpu_check] --vllm needs vLLM installed (pip install 'trl[vllm]'); --dry-run checks the script without it" >&2
+    exit 1
+  fi
+  OUTS=()
+  for run in rpg-full rpg-lora grpo-full rpg-nosync rpg-topk; do
+    echo "[gpu_check] vLLM check: $run ..."
+    "$PYTHON" "$ROOT/scripts/vllm_check.py" train --run "$run" --model "$WORK/model" --out "$WORK/vllm-$run.json" \
+      "${TINY[@]}" > "$WORK/vllm-$run.log" 2>&1 || {
+        echo "[gpu_check] $run failed; last lines of its log:" >&2; tail -n 40 "$WORK/vllm-$run.log" >&2; exit 1; }
+    OUTS+=("$WORK/vllm-$run.json")
+  done
+  status=0
+  "$PYTHON" "$ROOT/scripts/vllm_check.py" report "${OUTS[@]}" || status=$?
+  echo "[gpu_check] done in $(( $(date +%s) - start )) s"
+  exit "$status"
+fi
 OUTS=()
 for trainer in "${TRAINERS[@]}"; do
   echo "[gpu_check] training with $trainer ..."

@@ -48,12 +48,10 @@ class FixedCompletions:
     """Mixin for a GRPOTrainer subclass: "generation" returns `fixed_completion`s (no sampling, no model call).
 
     `full_length = True` makes every completion `max_completion_length` tokens long, so every micro-batch holds
-    the same number of completion tokens. `sampler_logprobs = True` also returns per-token log-probs of a made-up
-    sampler (`fake_sampler_logprob`), as vLLM does, for TRL's importance-sampling correction.
+    the same number of completion tokens.
     """
 
     full_length = False
-    sampler_logprobs = False
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         tokenizer = self.processing_class
@@ -65,9 +63,7 @@ class FixedCompletions:
             seen[tuple(ids)] = index + 1
             completions.append(fixed_completion(ids, index % num_generations, vocab, tokenizer.eos_token_id,
                                                 self.max_completion_length, self.full_length))
-        if not self.sampler_logprobs:
-            return completions, None
-        return completions, [[fake_sampler_logprob(t, k) for k, t in enumerate(c)] for c in completions]
+        return completions, None
 
 
 def first_character_reward(completions, **kwargs):
@@ -93,21 +89,6 @@ def lora_config():
     from peft import LoraConfig
 
     return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
-
-
-def fake_sampler_logprob(token: int, position: int) -> float:
-    """A made-up sampler's log-prob of `token` at `position`: within +-0.45 of log(1/45), about the tiny untrained
-    model's (its entropy is ~3.8 nats), so the importance-sampling ratios pi_old / pi_sampler lie around 0.6-1.6."""
-    return -3.8 + 0.15 * ((7 * token + 3 * position) % 7 - 3)
-
-
-def pretend_vllm(trainer) -> None:
-    """Make a trainer built without vLLM take TRL's vLLM importance-sampling path (ratio of the training engine's
-    old log-probs to the sampler's, truncated or masked per `vllm_importance_sampling_mode`), with the sampler's
-    log-probs from `fake_sampler_logprob`; generation stays `fixed_completion`."""
-    trainer.use_vllm = True
-    trainer.vllm_importance_sampling_correction = True
-    trainer.sampler_logprobs = True
 
 
 class FixedGRPOTrainer(FixedCompletions, GRPOTrainer):

@@ -45,7 +45,6 @@ from _equivalence import (
     make_trainer,
     max_difference,
     parameters,
-    pretend_vllm,
     prompts,
     three_rewards,
 )
@@ -123,11 +122,9 @@ class MaskRecordingGRPOTrainer(FixedGRPOTrainer):
         return mask
 
 
-def train(trainer_cls, model_dir, args, train_size=16, eval_dataset=None, vllm=False, **trainer_kwargs) -> dict:
+def train(trainer_cls, model_dir, args, train_size=16, eval_dataset=None, **trainer_kwargs) -> dict:
     trainer = make_trainer(trainer_cls, model_dir, args, prompts(train_size), eval_dataset=eval_dataset,
                            **trainer_kwargs)
-    if vllm:
-        pretend_vllm(trainer)
     trainer.train()
     result = {"params": parameters(trainer), "history": trainer.state.log_history, "loss": logged(trainer, "loss"),
               "eval_loss": logged(trainer, "eval_loss"), "mixed_precision": trainer.accelerator.mixed_precision}
@@ -352,20 +349,8 @@ def test_gradient_checkpointing_trains_like_grpo(tmp_path, model_dir, initial):
     assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
 
 
-@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])
-def test_vllm_importance_sampling_correction_trains_like_grpo(tmp_path, model_dir, initial, mode):
-    """vLLM's importance-sampling correction (`vllm_importance_sampling_correction`, each mode's ratio built by TRL
-    from the training engine's and the sampler's log-probs) multiplies the per-token loss as in GRPO. vLLM is not
-    installed here: the trainers take TRL's vLLM path with a made-up sampler's log-probs (`pretend_vllm`)."""
-    settings = base_settings(vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_min=0.8,
-                             vllm_importance_sampling_clip_max=1.25, learning_rate=LEARNING_RATE)
-    grpo_args, rpg_args = config_pair(tmp_path, settings)
-    grpo = train(FixedGRPOTrainer, model_dir, grpo_args, vllm=True)
-    rpg = train(FixedRPGTrainer, model_dir, rpg_args, vllm=True)
-    mismatch = logged_in(grpo, "sampling/sampling_logp_difference/mean")
-    assert mismatch and min(mismatch.values()) > 0.05  # the sampler really differs from the training engine
-    assert_same_parameters(grpo, rpg, initial, f"vLLM importance sampling, {mode}")
-    assert_same_values(rpg["loss"], grpo["loss"], "logged loss")
+# vLLM generation and its importance-sampling correction, every mode: tests/test_vllm_generation.py (TRL's real
+# vLLM path with a fake engine).
 
 
 def test_num_iterations_trains_like_grpo(tmp_path, model_dir, initial):

@@ -254,6 +254,8 @@ class RPGConfig(GRPOConfig):
         super().__post_init__()
         if kl_term_is_inert(self):
             warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)
+        if truncated_sampling_warning(self):
+            warnings.warn(truncated_sampling_warning(self), UserWarning, stacklevel=3)
 
     def _validate_rpg(self):
         def bad(name, value, allowed):
@@ -450,6 +452,42 @@ def inert_kl_warning(args) -> str:
             "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
             "or regularise towards a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with "
             "rpg_reference_update_steps > 1, or 'adaptive').")
+
+
+def truncated_sampling(args) -> list[str]:
+    """The sampling settings, as `name=value`, that truncate the sampler's support: `top_p < 1`, `top_k > 0`,
+    `min_p > 0` (a `generation_kwargs` entry overrides the field, as it does in TRL)."""
+    kwargs = args.generation_kwargs or {}
+    top_p, top_k, min_p = (kwargs.get(name, getattr(args, name)) for name in ("top_p", "top_k", "min_p"))
+    cuts = (("top_p", top_p, top_p is not None and top_p < 1), ("top_k", top_k, top_k is not None and top_k > 0),
+            ("min_p", min_p, bool(min_p)))
+    return [f"{name}={value}" for name, value, cut in cuts if cut]
+
+
+def truncated_sampling_warning(args) -> str | None:
+    """The construction warning for truncated sampling where a term relies on the sampler's support: vLLM's
+    importance-sampling correction (or TRL's off-policy mask, which reads vLLM's log-probs), or a reference other
+    than the sampler (docs/math.md section 4c); None when neither applies."""
+    cuts = truncated_sampling(args)
+    corrected = args.use_vllm and (args.vllm_importance_sampling_correction
+                                   or args.off_policy_mask_threshold is not None)
+    regularised = args.beta > 0 and args.rpg_reference != "sampling"
+    if not cuts or not (corrected or regularised):
+        return None
+    reasons = []
+    if corrected:
+        reasons.append("vLLM's log-probs are renormalised over the kept tokens (logprobs_mode='processed_logprobs') "
+                       "while the trainer's cover the whole vocabulary, so the ratio pi_old/mu of "
+                       "vllm_importance_sampling_correction (and off_policy_mask_threshold's test) carries the kept "
+                       "probability mass at every token, a factor below 1 that is no policy change")
+    if regularised:
+        reasons.append(f"the KL term towards rpg_reference={args.rpg_reference!r} is estimated on the kept tokens "
+                       "only: the divergence the policy builds on the cut tokens is never seen")
+    return (f"RPGConfig: {', '.join(cuts)} truncates sampling: the sampler never proposes the tokens it cuts, which "
+            "the policy still gives probability, and no importance weight can correct for a token never sampled. Here "
+            f"{'; and '.join(reasons)}. Train with top_p=1.0, top_k=0 and min_p=None (truncate at evaluation only), "
+            "or turn off what relies on the sampler's support (vllm_importance_sampling_correction=False, "
+            "rpg_reference='sampling'); see docs/math.md section 4c.")
 
 
 _REFERENCE_TEXT = {

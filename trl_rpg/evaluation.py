@@ -12,13 +12,21 @@ Scoring is :func:`trl_rpg.rewards.score_completion` and the reference of a row i
 :func:`trl_rpg.rewards.reference_answer`: the very rule and columns of the training reward
 :func:`trl_rpg.rewards.math_reward`.
 
-torch / transformers are only imported by :func:`generate_completions` (and so :func:`evaluate_model`).
+Two generation backends (``backend=``): ``"transformers"`` (the default: batched, left-padded ``model.generate``
+on a loaded model) and ``"vllm"`` (for the paper's scale, 3,200 completions of up to 8k tokens per benchmark: one
+``vllm.LLM.generate`` call that samples the k completions of every problem at once, ``SamplingParams(n=k)`` per
+problem, from a saved model's path or an ``LLM``; needs vLLM installed). Both return the same statistics.
+
+torch / transformers are only imported by :func:`generate_completions` (and so :func:`evaluate_model`); vllm only by
+the ``"vllm"`` backend.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
+import os
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,18 +39,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 __all__ = [
+    "BACKENDS",
     "BENCHMARKS",
     "Generations",
     "evaluate_benchmarks",
     "evaluate_model",
     "generate_completions",
+    "generate_with_vllm",
     "load_benchmark",
     "mean_at_k",
     "problem_text",
     "score_completions",
+    "vllm_engine",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Generation backends of :func:`evaluate_model`: batched ``model.generate`` (default), or one vLLM call.
+BACKENDS = ("transformers", "vllm")
 
 #: Benchmark name -> bundled parquet file (in ``trl_rpg/data``).
 BENCHMARKS: dict[str, str] = {
@@ -345,6 +359,62 @@ def generate_completions(model: Any, tokenizer: Any, prompts: Sequence[str], *, 
     return out
 
 
+def vllm_engine(model: Any, *, seed: int = 0, **llm_kwargs: Any) -> Any:
+    """The ``vllm.LLM`` the ``"vllm"`` backend generates with: ``model`` itself if it is one, else built from the path
+    of a saved model (``LLM(model=path, seed=seed, **llm_kwargs)``)."""
+    if not isinstance(model, (str, os.PathLike)):
+        if hasattr(model, "parameters"):  # a loaded torch model
+            raise TypeError("backend='vllm' generates with vLLM, from the path of a saved model (or a vllm.LLM), not "
+                            "from a loaded torch model: save it first (save_pretrained) and pass the path, or use "
+                            "backend='transformers'.")
+        return model
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError("backend='vllm' needs vLLM installed (`pip install vllm`); without it use "
+                          "backend='transformers'.")
+    from vllm import LLM
+
+    return LLM(model=str(model), seed=seed, **llm_kwargs)
+
+
+def generate_with_vllm(llm: Any, tokenizer: Any, prompts: Sequence[str], samples: Sequence[int], *,
+                       max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                       seed: int | None = None, generation_kwargs: Mapping[str, Any] | None = None) -> Generations:
+    """``samples[i]`` completions of each (already formatted) prompt ``prompts[i]``, all in one ``llm.generate`` call:
+    one ``SamplingParams(n=samples[i])`` per prompt, seeded ``seed + i`` (its own random stream, whatever the batch).
+
+    The prompts are tokenized as :func:`generate_completions` tokenizes them (no special tokens added) and the
+    completions decoded as it decodes them; ``temperature=0`` decodes greedily; ``top_k=0`` is off;
+    ``generation_kwargs`` are further ``SamplingParams`` fields. A completion is truncated when vLLM stopped it at
+    ``max_new_tokens`` (``finish_reason == "length"``). Returns the completions prompt by prompt.
+    """
+    from vllm import SamplingParams
+
+    params = [SamplingParams(n=k, max_tokens=max_new_tokens, temperature=float(temperature or 0.0),
+                             top_p=float(top_p), top_k=int(top_k), seed=None if seed is None else seed + i,
+                             **dict(generation_kwargs or {})) for i, k in enumerate(samples)]
+    requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
+    out = Generations([], [], [])
+    for request in llm.generate(requests, params, use_tqdm=False):
+        for completion in request.outputs:
+            out.texts.append(tokenizer.decode(list(completion.token_ids), skip_special_tokens=True))
+            out.lengths.append(len(completion.token_ids))
+            out.truncated.append(completion.finish_reason == "length")
+    logger.info("generate_with_vllm: %d completions of %d prompts", len(out.texts), len(prompts))
+    return out
+
+
+def _one_prompt_per_problem(prompts: Sequence[str], problem_ids: Sequence[Hashable]) -> tuple[list[str], list[int]]:
+    """The prompt of each problem and its number of rows (rows come grouped by problem, `_select_rows`)."""
+    unique: dict[Hashable, str] = {}
+    counts: dict[Hashable, int] = {}
+    for prompt, pid in zip(prompts, problem_ids, strict=True):
+        if unique.setdefault(pid, prompt) != prompt:
+            raise ValueError(f"backend='vllm' samples the k completions of a problem from one prompt, but problem "
+                             f"{pid!r} has rows with different prompts; use backend='transformers'.")
+        counts[pid] = counts.get(pid, 0) + 1
+    return list(unique.values()), list(counts.values())
+
+
 def evaluate_model(
     model: Any,
     tokenizer: Any,
@@ -361,8 +431,10 @@ def evaluate_model(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     generation_kwargs: Mapping[str, Any] | None = None,
     return_completions: bool = True,
+    backend: str = "transformers",
+    llm_kwargs: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Generate one completion per dataset row with ``model.generate`` and compute mean@k.
+    """Generate one completion per dataset row with ``model.generate`` (or vLLM) and compute mean@k.
 
     Each row's ``prompt`` (a chat message list; a plain string is used as is) is formatted with
     ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``, and the prompts are left-padded and generated
@@ -391,6 +463,12 @@ def evaluate_model(
         generation_kwargs: extra keyword arguments for ``model.generate`` (override the ones above).
         return_completions: include per-row ``completions``, ``extracted_answers``, ``ground_truths``, ``scores``,
             ``problem_ids`` and ``completion_lengths`` in the result.
+        backend: ``"transformers"`` (default) or ``"vllm"``: then ``model`` is the path of a saved model (or a
+            ``vllm.LLM``), the k rows of each problem are its k completions from one ``LLM.generate`` call
+            (:func:`generate_with_vllm`; ``batch_size`` is unused) and ``generation_kwargs`` are ``SamplingParams``
+            fields.
+        llm_kwargs: extra ``vllm.LLM`` arguments when the ``"vllm"`` backend builds it from a path (e.g.
+            ``{"gpu_memory_utilization": 0.5, "max_model_len": 9216}``).
 
     Returns:
         :func:`mean_at_k`'s dict (``mean_at_k``, ``k``, ``num_problems``, ``num_samples``, ``pass_at_k``,
@@ -398,6 +476,8 @@ def evaluate_model(
         (completions without EOS within ``max_new_tokens``), ``generation`` (the settings used) and, if
         ``return_completions``, the per-row lists named above.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not allowed; choose one of {list(BACKENDS)}.")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
     if batch_size < 1:
@@ -408,9 +488,15 @@ def evaluate_model(
     ground_truths = [_row_gold(r) for r in rows]
     prompts = [_prompt_text(tokenizer, r["prompt"], chat_template_kwargs) for r in rows]
 
-    generated = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
-                                     temperature=temperature, top_p=top_p, top_k=top_k, batch_size=batch_size,
-                                     seed=seed, generation_kwargs=generation_kwargs)
+    if backend == "vllm":
+        unique, samples = _one_prompt_per_problem(prompts, problem_ids)
+        generated = generate_with_vllm(vllm_engine(model, seed=seed, **dict(llm_kwargs or {})), tokenizer, unique,
+                                       samples, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       top_k=top_k, seed=seed, generation_kwargs=generation_kwargs)
+    else:
+        generated = generate_completions(model, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p, top_k=top_k, batch_size=batch_size,
+                                         seed=seed, generation_kwargs=generation_kwargs)
     completions, lengths, truncated = generated.texts, generated.lengths, generated.truncated
 
     scores = score_completions(completions, ground_truths)
@@ -418,6 +504,7 @@ def evaluate_model(
     stats["mean_completion_length"] = sum(lengths) / len(lengths)
     stats["truncated_fraction"] = sum(truncated) / len(truncated)
     stats["generation"] = {
+        "backend": backend,
         "max_new_tokens": max_new_tokens,
         "temperature": temperature,
         "top_p": top_p,
@@ -447,9 +534,12 @@ def evaluate_benchmarks(
     **kwargs: Any,
 ) -> dict[str, dict[str, Any]]:
     """Run :func:`evaluate_model` on each named bundled benchmark; ``kwargs`` are passed to :func:`evaluate_model`
-    (``max_new_tokens`` is required).  Returns ``{name: stats}``."""
+    (``max_new_tokens`` is required; with ``backend="vllm"`` the engine is built once for all).  Returns
+    ``{name: stats}``."""
     if isinstance(names, str):
         names = (names,)
+    if kwargs.get("backend") == "vllm":
+        model = vllm_engine(model, seed=kwargs.get("seed", 0), **dict(kwargs.pop("llm_kwargs", None) or {}))
     results: dict[str, dict[str, Any]] = {}
     for name in names:
         dataset = load_benchmark(name, data_dir=data_dir)

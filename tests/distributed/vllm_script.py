@@ -1,0 +1,89 @@
+"""Two-process colocate vLLM training with the fake engine, launched by tests/test_vllm_generation.py.
+
+Usage: `accelerate launch ... vllm_script.py SPEC.json`, with `tests/vllm_stub` on `PYTHONPATH` (so TRL imports the
+fake vLLM as it would the real one). SPEC holds `model_dir`, `output_dir`, `result` (each rank writes
+`<result>.rank<R>.json`) and `runs`, trained one after the other in this process; each run has
+
+    name        key of the run in the result file
+    trainer     "rpg" or "grpo"
+    peft        train a LoRA adapter
+    config      RPGConfig / GRPOConfig keyword arguments (on top of tests/_tiny.py `cpu_args`)
+    mismatch    FAKE_VLLM_KERNEL_MISMATCH for the run's engine
+    compare_to  name of an earlier run whose final parameters this run's are compared with
+
+Per run and rank: the engine's syncs against the policy (tests/_fake_vllm.py `record_syncs`), a digest of what each
+sync sent (equal on both ranks: the policy is replicated), the engine's seed and completions (its own per rank),
+TRL's logged sampler/trainer log-prob difference, and the largest parameter difference to `compare_to`.
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _tiny.py and _fake_vllm.py
+
+import torch  # noqa: E402
+from _equivalence import lora_config  # noqa: E402
+from _fake_vllm import difference, engine_of, gathered, policy_weights, record_syncs  # noqa: E402
+from _tiny import cpu_args, length_reward, tiny_dataset  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from trl_rpg import RPGConfig, RPGTrainer  # noqa: E402
+
+
+def digest(weights) -> float:
+    return float(sum(t.double().abs().sum().item() for _, t in weights))
+
+
+def run_one(spec, run, finals):
+    os.environ["FAKE_VLLM_KERNEL_MISMATCH"] = str(run.get("mismatch", 0.0))
+    settings = dict(run["config"], output_dir=os.path.join(spec["output_dir"], run["name"]), ddp_backend="gloo")
+    rpg = run["trainer"] == "rpg"
+    args = (RPGConfig if rpg else GRPOConfig)(**cpu_args(**settings))
+    trainer = (RPGTrainer if rpg else GRPOTrainer)(
+        model=spec["model_dir"], reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(32),
+        processing_class=AutoTokenizer.from_pretrained(spec["model_dir"]),
+        peft_config=lora_config() if run.get("peft") else None)
+    expected = record_syncs(trainer)
+    trainer.train()
+    engine = engine_of(trainer)
+    with gathered(trainer.model):
+        finals[run["name"]] = policy_weights(trainer)
+    last = expected[-1]
+    result = {
+        "syncs": len(engine.syncs), "observed_syncs": len(expected),
+        "sync_counts": sorted({r.sync_count for r in engine.requests}),
+        "sync_differences": [difference(dict(s.weights), e["policy"]) for s, e in zip(engine.syncs, expected)],
+        "sent_twice": sum(len(s.weights) - len(dict(s.weights)) for s in engine.syncs),
+        "digests": [digest(s.weights) for s in engine.syncs],
+        "moved": difference(expected[0]["policy"], last["policy"]),
+        "reference_gap": None if last["reference"] is None else difference(last["reference"], last["policy"]),
+        "with_ref_gap": difference(last["with_ref"], last["policy"]) if "with_ref" in last else None,
+        "seed": engine.seed,
+        "completions": [r.completions for r in engine.requests],
+        "logp_difference": [e["sampling/sampling_logp_difference/max"] for e in trainer.state.log_history
+                            if "sampling/sampling_logp_difference/max" in e],
+        "is_deepspeed": bool(trainer.is_deepspeed_enabled),
+        "num_processes": trainer.accelerator.num_processes,
+    }
+    if run.get("compare_to"):
+        result["difference_to"] = difference(finals[run["name"]], finals[run["compare_to"]])
+    return result
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    torch.manual_seed(0)
+    finals, results = {}, {}
+    for run in spec["runs"]:
+        results[run["name"]] = run_one(spec, run, finals)
+    rank = int(os.environ.get("RANK", "0"))
+    with open(f"{spec['result']}.rank{rank}.json", "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Stub of `vllm.distributed.weight_transfer`."""

@@ -1,0 +1,5 @@
+"""Stub: imported by `trl.generation.vllm_client` (vLLM >= 0.28); the fake engine needs no NCCL group."""
+
+
+def packed_nccl_broadcast_producer(*args, **kwargs):
+    raise NotImplementedError("fake vLLM: no NCCL weight transfer; tests replace TRL's VLLMClient with a fake one")
