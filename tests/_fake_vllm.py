@@ -5,8 +5,8 @@
 - `served(model_path)`: within the block TRL's `VLLMClient` (server mode) is `FakeVLLMClient`, a client whose
   "server" is a fake `vllm.LLM` over `model_path`, as `trl vllm-serve --model model_path` would hold.
 - `record_syncs(trainer)`: after each of TRL's weight syncs, the weights the engine should hold, computed from the
-  policy without PEFT's merge (base + scaling x B @ A of the "default" adapter), and the same with the "ref"
-  adapter added, to show the check would see it.
+  policy without PEFT's merge (base + scaling x B @ A of the "default" adapter), the reference's, and the policy
+  with RPG's "ref" adapter merged too, to show the checks would see either sent instead (ZeRO-3: gathered first).
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ def test_vllm_backend_errors_name_what_to_do(saved_model, amc23):
 
 
 def test_rpg_math_evaluates_with_vllm_by_flag(saved_model, tmp_path):
-    """`examples/rpg_math.py --eval_backend vllm`: the saved model goes to vLLM by its path, and the summary is
-    the one the default backend gives."""
+    """`examples/rpg_math.py --eval_backend vllm`: the saved model goes to vLLM by its path, and the summary holds
+    the k and the problems asked for."""
     from test_examples import _load_rpg_math
 
     path, _, _ = saved_model
