@@ -8,10 +8,10 @@ optimizer, scheduler, RNG states, `trainer_state.json`):
 - `rpg_generation_buffer_rank{R}.safetensors` and `.json`: process R's buffered generation batch (tensors; the
   rest as JSON) and its micro-step counter. Nothing is unpickled on resume, so a checkpoint from someone else
   cannot run code;
-- `rpg_checkpoint_writing.json` while the checkpoint is being written (written first, removed last);
+- `rpg_checkpoint_writing.json` while the checkpoint is being written (written first, removed last), with the run id;
 - `rpg_checkpoint_complete.json`, the manifest, written last (atomically) once every process has written and
-  fsynced its files: the format version, step, number of processes, what identifies the run (`run_identity`), the
-  buffered batch's layout, and every file of the checkpoint with its size and SHA-256.
+  fsynced its files: the format version, the run id and the time, step, number of processes, what identifies the
+  run (`run_identity`), the buffered batch's layout, and every file of the checkpoint with its size and SHA-256.
 
 Resume (`choose`) verifies, on every process, before transformers reads anything: the manifest's shape; that the run
 resuming it is the run that wrote it (`compare_runs`: a changed model, PEFT setup or reference schedule is refused,
@@ -22,12 +22,16 @@ with `resume_from_checkpoint=True`, passed over for the previous one; when none 
 candidate and why.
 
 Rotation (`rotate`) runs only after a manifest is written, never deletes the checkpoint just completed, and counts
-only complete checkpoints.
+only this run's complete checkpoints. One output folder, one run (`runs`): every checkpoint records the id of the run
+that wrote it; a save empties its folder first; `resume_from_checkpoint=True` resumes the run that completed a
+checkpoint last. Under DeepSpeed, its pickled files are loaded weights-only (`safe_loading`).
 
 The modules, each importing only those above it: `layout` (file names, format version, errors), `files` (hashing,
 fsync, atomic JSON, a full disk; RPG's state and reference files), `identity` (the run identity and its comparison),
-`manifest` (write, validate, verify), `buffers` (each process's generation buffer, saved and restored on any number
-of processes), `selection` (which checkpoint to resume from; rotation). Every public name is importable from here.
+`runs` (the checkpoint folders of an output_dir and the run that wrote each), `manifest` (write, validate, verify),
+`buffers` (each process's generation buffer, saved and restored on any number of processes), `selection` (which
+checkpoint to resume from; rotation), `safe_loading` (DeepSpeed's files, weights-only). Every public name is
+importable from here.
 """
 
 from .buffers import (
