@@ -11,7 +11,8 @@ import pytest
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.plots import PLOT_FILE, RPGPlotCallback, draw_run, find_trainer_state, plot_run
+from trl_rpg.plot_callback import RPGPlotCallback
+from trl_rpg.plots import PLOT_FILE, draw_run, find_trainer_state, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: The lines and bands a picture of an RPG run with batch reuse shows (labels of its legends).

@@ -13,7 +13,7 @@ Four panels over optimizer steps, each drawn when its metrics were logged (`trl_
   `w >= 1 + eps_high`), `rpg/clip_frac_low` (`A' < 0`, `w <= 1 - eps_low`), `rpg/clip_frac_dual` (`A' < 0`, `w >= c`).
 
 `trl-rpg plot PATH` draws it from a finished or running run (`PATH`: an `output_dir`, a checkpoint folder or a
-`trainer_state.json`); `RPGPlotCallback` (`trl_rpg.plot_callback`, also importable from here; `trl-rpg train` and
+`trainer_state.json`); `trl_rpg.plot_callback.RPGPlotCallback` (`trl-rpg train` and
 `examples/rpg_math.py` register it) writes `output_dir/rpg_curves.png` at every checkpoint and at the end of
 training, on the main process. matplotlib is the optional extra `plot` (`pip install 'trl-rpg[plot]'`); it is
 imported only when a picture is drawn, and this module does not import transformers.
@@ -220,12 +220,3 @@ def plot_run(path: str, output: str | None = None) -> tuple[str, str, int]:
     folder = os.path.dirname(os.path.abspath(state_path))
     title = f"{os.path.basename(folder)} (step {state.get('global_step', '?')})"
     return draw_run(history, output, title=title), state_path, int(state.get("global_step") or 0)
-
-
-def __getattr__(name):
-    # The training-side hook imports transformers; `trl-rpg plot` and `draw_run` do not need it.
-    if name == "RPGPlotCallback":
-        from .plot_callback import RPGPlotCallback
-
-        return RPGPlotCallback
-    raise AttributeError(f"module 'trl_rpg.plots' has no attribute {name!r}")
