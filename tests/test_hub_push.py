@@ -68,14 +68,9 @@ def test_a_pushed_checkpoint_resumes(model_path, tmp_path, hub, strategy, pushed
     assert resumes(model_path, repo / pushed[-1], tmp_path) == 7
 
 
-@pytest.mark.parametrize("strategy", ["every_save", "end"])
-def test_every_save_pushes_the_model_at_each_save_and_end_nothing_during_training(model_path, tmp_path, hub,
-                                                                                   strategy):
+def test_every_save_pushes_the_model_at_each_save_and_no_checkpoint(model_path, tmp_path, hub):
     repo, uploads = hub
     make_trainer(model_path, tmp_path / "run", "periodic", push_to_hub=True, hub_model_id="me/rpg",
-                 hub_strategy=strategy).train()
-    if strategy == "end":
-        assert uploads == []
-    else:
-        assert uploads == ["", ""]  # the model (the output_dir, checkpoint folders excluded) at steps 3 and 6
-        assert (repo / "model.safetensors").exists() and not any(p.startswith("checkpoint") for p in os.listdir(repo))
+                 hub_strategy="every_save").train()
+    assert uploads == ["", ""]  # the model (the output_dir, checkpoint folders excluded) at steps 3 and 6
+    assert (repo / "model.safetensors").exists() and not any(p.startswith("checkpoint") for p in os.listdir(repo))

@@ -95,42 +95,36 @@ def test_resume_true_takes_this_runs_checkpoint_not_another_runs_higher_one(mode
     assert run_id(shared / "checkpoint-3") == other
 
 
-def test_a_checkpoint_folder_holds_only_what_its_save_wrote(model_path, tmp_path):
+def test_a_checkpoint_folder_holds_only_what_its_save_wrote(model_path, shared):
     """A full fine-tuning run left checkpoint-3; a LoRA run writes checkpoint-3 in the same folder: the folder then
     holds the adapter and no stale model.safetensors (which transformers would load in preference to the adapter,
     certified by the new manifest)."""
-    out = tmp_path / "run"
-    make_trainer(model_path, out, "periodic", max_steps=3).train()
-    assert (out / "checkpoint-3" / "model.safetensors").exists()
-    make_trainer(model_path, out, "periodic", lora=True, max_steps=3).train()
-    folder = out / "checkpoint-3"
+    assert (shared / "checkpoint-3" / "model.safetensors").exists()
+    make_trainer(model_path, shared, "periodic", lora=True, max_steps=3).train()
+    folder = shared / "checkpoint-3"
     manifest = ckpt.read_manifest(str(folder))
     on_disk = {os.path.relpath(os.path.join(root, n), folder) for root, _, names in os.walk(folder) for n in names}
     assert on_disk == set(manifest["files"]) | {ckpt.MANIFEST_FILE}
     assert "model.safetensors" not in on_disk and "adapter_model.safetensors" in on_disk
-    resumed = make_trainer(model_path, out, "periodic", lora=True, max_steps=6)
+    resumed = make_trainer(model_path, shared, "periodic", lora=True, max_steps=6)
     assert resumed._verified_checkpoint(True).endswith("checkpoint-3")
 
 
-def test_a_weights_file_the_manifest_does_not_list_is_refused(model_path, tmp_path):
+def test_a_weights_file_the_manifest_does_not_list_is_refused(model_path, other_run, tmp_path):
     """A file copied into a checkpoint after it was written (a sync, a Hub folder that kept an earlier upload's
     files) is refused naming it: transformers would read it in place of the checkpoint's own."""
     out = tmp_path / "run"
     make_trainer(model_path, out, "periodic", lora=True, max_steps=3).train()
-    full = tmp_path / "full"
-    make_trainer(model_path, full, "periodic", max_steps=3).train()
-    shutil.copy(full / "checkpoint-3" / "model.safetensors", out / "checkpoint-3" / "model.safetensors")
+    shutil.copy(other_run / "checkpoint-3" / "model.safetensors", out / "checkpoint-3" / "model.safetensors")
     resumed = make_trainer(model_path, out, "periodic", lora=True)
     with pytest.raises(ckpt.CheckpointError, match="model.safetensors is not listed in the checkpoint's manifest"):
         resumed.train(resume_from_checkpoint=str(out / "checkpoint-3"))
 
 
-def test_an_old_manifest_in_a_folder_being_rewritten_never_certifies_it(model_path, tmp_path, monkeypatch):
+def test_an_old_manifest_in_a_folder_being_rewritten_never_certifies_it(model_path, shared, monkeypatch):
     """Resumed from checkpoint-3, the run rewrites checkpoint-6, which a previous attempt completed; the rewrite
     fails midway: checkpoint-6 is then incomplete (its old manifest is gone) and resume_from_checkpoint=True takes
     checkpoint-3."""
-    out = tmp_path / "run"
-    make_trainer(model_path, out, "periodic").train()
     original = ckpt.save_state
 
     def failing(directory, state):
@@ -140,7 +134,7 @@ def test_an_old_manifest_in_a_folder_being_rewritten_never_certifies_it(model_pa
 
     monkeypatch.setattr(ckpt, "save_state", failing)
     with pytest.raises(RuntimeError, match="interrupted"):
-        make_trainer(model_path, out, "periodic").train(resume_from_checkpoint=str(out / "checkpoint-3"))
-    assert not ckpt.is_complete(str(out / "checkpoint-6"))
+        make_trainer(model_path, shared, "periodic").train(resume_from_checkpoint=str(shared / "checkpoint-3"))
+    assert not ckpt.is_complete(str(shared / "checkpoint-6"))
     monkeypatch.setattr(ckpt, "save_state", original)
-    assert make_trainer(model_path, out, "periodic")._verified_checkpoint(True).endswith("checkpoint-3")
+    assert make_trainer(model_path, shared, "periodic")._verified_checkpoint(True).endswith("checkpoint-3")
