@@ -65,6 +65,36 @@ def test_of_several_failed_processes_the_first_ones_status_is_reported(monkeypat
         assert cli.run_accelerate_launch(object()) == status, first_rank
 
 
+def test_the_first_failed_processs_error_line_is_printed_last(monkeypatch, tmp_path, capsys):
+    """Several processes: each training process records its `error:` line in the error file torchrun gives it; the
+    launcher prints the first failing one's last, after torchrun's own log of the failure ("failed (exitcode: 1)
+    local_rank: 1 ..."). A process that left no line (killed by a signal) adds nothing."""
+    from accelerate.commands import launch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from trl_rpg.cli.arguments import record_error_for_launcher
+
+    for rank in (0, 1):
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error-{rank}.json"))
+        record_error_for_launcher(f"trl-rpg train: error: RuntimeError: the reward server is down (rank {rank})")
+    failures = {rank: ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=1,
+                                     error_file=str(tmp_path / f"error-{rank}.json")) for rank in (0, 1)}
+    failures[1].timestamp = failures[0].timestamp - 1  # rank 1 failed first
+    failures[2] = ProcessFailure(local_rank=2, pid=1002, exitcode=-15, error_file=str(tmp_path / "none.json"))
+
+    def failing(args):
+        print("E1202 api.py:911] failed (exitcode: 1) local_rank: 1 (pid: 1001) of binary: python", file=sys.stderr)
+        raise ChildFailedError(name="trl_rpg", failures=failures)
+
+    monkeypatch.setattr(launch, "launch_command", failing)
+    assert cli.run_accelerate_launch(object()) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1] == "trl-rpg train: error: RuntimeError: the reward server is down (rank 1)", lines
+    failures[2].timestamp = 0  # the first to fail was killed by a signal: it recorded nothing
+    assert cli.run_accelerate_launch(object()) == 143
+    assert "error:" not in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_ctrl_c_exits_130(monkeypatch, tmp_path):
     """Ctrl-C (KeyboardInterrupt) while the launcher waits for its training processes, or while it trains one
     itself: exit status 130, as a shell reports a program interrupted by SIGINT."""
@@ -99,15 +129,20 @@ print("STATUSES " + json.dumps(statuses), flush=True)
 """
 
 #: Each fake training process records its pid; once both have, rank 0 sends the launcher (its parent) the signal
-#: named on its command line. Both then wait to be stopped, and leave quietly when they are.
+#: named on its command line. Both then wait to be stopped, and leave quietly when they are. Named ERROR, rank 1
+#: fails instead, its error line in the error file torchrun gives it (as `record_error_for_launcher` writes it).
 _CHILD = """
-import os, signal, sys, time
+import json, os, signal, sys, time
 from pathlib import Path
 name, rank = sys.argv[1], os.environ["RANK"]
 for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda *_: os._exit(0))
 Path(f"{name}-{rank}.pid").write_text(str(os.getpid()))
-if rank == "0":
+if name == "ERROR" and rank == "1":
+    with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as file:
+        json.dump({"message": "trl-rpg train: error: RuntimeError: boom", "timestamp": int(time.time())}, file)
+    sys.exit(1)
+if rank == "0" and name != "ERROR":
     while not Path(f"{name}-1.pid").exists():
         time.sleep(0.05)
     os.kill(os.getppid(), getattr(signal, name))
@@ -135,20 +170,23 @@ def _alive(pid: int) -> bool:
 def test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_without_a_traceback(tmp_path):
     """SIGTERM or SIGINT to the launcher of a two-process run (torchrun's agent, which turns them into a
     `SignalException` and stops the training processes): exit status 143 / 130, as a Python program interrupted
-    that way, with no traceback; both training processes are gone. One subprocess for both signals (the fake
-    training processes import nothing)."""
+    that way, with no traceback; both training processes are gone. And a process that fails: its error line, read
+    from the error file torchrun gave it, is printed last (after torchrun's log of the failure). One subprocess for
+    the three launches (the fake training processes import nothing)."""
     (tmp_path / "launcher.py").write_text(_TWO_PROCESS_LAUNCHER)
     (tmp_path / "child.py").write_text(_CHILD)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["HF_HOME"] = str(tmp_path / "hf")  # no accelerate default config of this machine
-    proc = subprocess.run([sys.executable, "launcher.py", "SIGTERM", str(_free_port()), "SIGINT", str(_free_port())],
+    proc = subprocess.run([sys.executable, "launcher.py", "SIGTERM", str(_free_port()), "SIGINT", str(_free_port()),
+                           "ERROR", str(_free_port())],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("STATUSES "))
-    assert json.loads(line.removeprefix("STATUSES ")) == {"SIGTERM": 143, "SIGINT": 130}, proc.stderr[-3000:]
+    assert json.loads(line.removeprefix("STATUSES ")) == {"SIGTERM": 143, "SIGINT": 130, "ERROR": 1}, proc.stderr
     assert "Traceback" not in proc.stderr and "SignalException" not in proc.stderr, proc.stderr[-3000:]
-    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("SIG*-*.pid"))]
-    assert len(pids) == 4 and not any(_alive(pid) for pid in pids)
+    assert proc.stderr.strip().splitlines()[-1] == "trl-rpg train: error: RuntimeError: boom", proc.stderr[-2000:]
+    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*-*.pid"))]
+    assert len(pids) == 6 and not any(_alive(pid) for pid in pids)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ group destroyed); an error is the last line printed, naming the reward function'
 `trl-rpg train` hands `RPGTrainer` (the eval split, `--model_init_kwargs`)."""
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -70,10 +71,13 @@ def ends(monkeypatch):
 
 def test_every_way_a_cli_run_ends_goes_through_trainer_end(tiny, ends, monkeypatch, capsys):
     """Success, an error raised in training, Ctrl-C: `trainer.end()` once each (training itself is replaced, the
-    trainer is real); the error and the interruption are the last line, with their exit status."""
+    trainer is real); the error and the interruption are the last line, with their exit status. The error line also
+    goes to the error file torchrun gives a training process, for the launcher to print last."""
     from trl_rpg.trainer import RPGTrainer
 
     root, model, data = tiny
+    error_file = root / "torchelastic-error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     outcomes = {"fine": None, "error": RuntimeError("the reward server is down"), "ctrl-c": KeyboardInterrupt()}
     statuses = {}
     for name, outcome in outcomes.items():
@@ -89,6 +93,7 @@ def test_every_way_a_cli_run_ends_goes_through_trainer_end(tiny, ends, monkeypat
         statuses[name, "last"] = _last_line(capsys.readouterr().err)
     assert (statuses["fine"], statuses["error"], statuses["ctrl-c"]) == (0, 1, 130)
     assert statuses["error", "last"] == "python -m trl_rpg train: error: RuntimeError: the reward server is down"
+    assert json.loads(error_file.read_text())["message"] == statuses["error", "last"]
     assert statuses["ctrl-c", "last"].startswith("python -m trl_rpg train: interrupted")
     assert (root / "fine" / "model.safetensors").exists()
 

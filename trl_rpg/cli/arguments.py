@@ -298,4 +298,22 @@ def report_usage_error(prog: str, error: BaseException) -> int:
     if os.environ.get("LOCAL_RANK", "0") == "0":
         sys.stdout.flush()
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+        record_error_for_launcher(f"{prog}: error: {message}")
     return USAGE_ERROR
+
+
+def record_error_for_launcher(line: str) -> None:
+    """In a training process started by torchrun (several processes): write the error `line` to the error file
+    torchrun gives it (`TORCHELASTIC_ERROR_FILE`, in torch elastic's format), so that the launcher prints the first
+    failing process's error last, after torchrun's own log of the failure."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as file:
+            json.dump({"message": line, "timestamp": int(time.time())}, file)
+    except OSError:  # the error is printed anyway; only the launcher's repetition of it is lost
+        pass

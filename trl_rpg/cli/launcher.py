@@ -338,6 +338,8 @@ def run_accelerate_launch(args) -> int:
         return 128 + int(error.sigval)
     except ChildFailedError as error:  # several processes: the first to fail is the cause
         _, first = error.get_first_failure()
+        if isinstance(first.message, str) and ": error: " in first.message:  # its line (`record_error_for_launcher`)
+            print(first.message, file=sys.stderr, flush=True)  # last, after torchrun's log of the failure
         return _exit_status(first.exitcode)
     finally:  # torchrun's agent leaves its handlers (which raise SignalException) installed
         for name, handler in handlers.items():

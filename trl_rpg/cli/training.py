@@ -16,6 +16,7 @@ from .arguments import (
     check_recipe_keys,
     make_train_parser,
     recipe_path,
+    record_error_for_launcher,
     report_usage_error,
     resume_argument,
 )
@@ -145,6 +146,7 @@ def report_training_error(prog: str, error: BaseException) -> int:
     process that raised it) as the last thing printed; returns exit status 1."""
     sys.stdout.flush()
     traceback.print_exception(error)
-    message = " ".join(str(error).split())
-    print(f"{prog}: error: {type(error).__name__}: {message}", file=sys.stderr, flush=True)
+    line = f"{prog}: error: {type(error).__name__}: {' '.join(str(error).split())}"
+    print(line, file=sys.stderr, flush=True)
+    record_error_for_launcher(line)
     return 1
