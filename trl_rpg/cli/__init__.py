@@ -1,11 +1,12 @@
 """The `trl-rpg` command line: `trl-rpg train ...` (TRL's `trl grpo`, with RPG) and `trl-rpg demo`.
 
 * `trl-rpg train [launcher options] [training arguments]` checks the arguments here, with TRL's `TrlParser` (script
-  arguments, `RPGConfig`, `ModelConfig`, `DatasetMixtureConfig`; `--config recipe.yaml` works as in TRL), then starts
-  `accelerate launch [launcher options] -m trl_rpg train [training arguments]`, as `trl grpo` launches TRL's GRPO
-  script. Launcher options (`--num_processes 8`, `--config_file ...`, `--accelerate_config zero3`) are the options of
-  `accelerate launch`; an argument that is neither is refused before anything is launched, with the closest valid
-  name. The launcher exits with the training process's exit status, its error being the last thing printed.
+  arguments, `RPGConfig`, `ModelConfig`, `DatasetMixtureConfig`; `--config recipe.yaml` works as in TRL), then trains
+  one process in this one (with the environment accelerate would give it) and starts several with `accelerate launch
+  [launcher options] -m trl_rpg train [training arguments]`, as `trl grpo` launches TRL's GRPO script. Launcher
+  options (`--num_processes 8`, `--config_file ...`, `--accelerate_config zero3`) are the options of `accelerate
+  launch`; an argument that is neither is refused before anything is launched, with the closest valid name. The
+  launcher exits with the training process's exit status, its error being the last thing printed.
 * `python -m trl_rpg train ...` (and so `accelerate launch [...] -m trl_rpg train ...`) trains in the current process.
   Every check that needs no model (settings, data file, reward functions, the columns they read) runs before the
   model is loaded; a mistake ends the run with one `error:` line naming what to fix.
@@ -13,9 +14,9 @@
 
 The modules, each importing only those listed before it: `reward_funcs` (reward-function names and import paths),
 `arguments` (the parser, help texts, usage errors), `data` (the training data), `checks` (what a run trains on,
-checked before anything loads), `launcher` (`trl-rpg train`: accelerate launch, and the training processes ending
-with it), `training` (training in this process), `demo` (`trl-rpg demo`), `entry` (`main`). Every public name is
-importable from here.
+checked before anything loads), `training` (training in this process), `launcher` (`trl-rpg train`: one process
+trained in this one, several by accelerate launch, ending with it), `demo` (`trl-rpg demo`), `entry` (`main`). Every
+public name is importable from here.
 """
 
 import logging
