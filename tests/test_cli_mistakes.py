@@ -88,7 +88,7 @@ def test_an_abbreviated_flag_is_refused_not_taken_for_the_full_name(capsys, laun
 
 def test_every_parser_refuses_abbreviations():
     """TRL's parser (`TrlParser`, an `argparse.ArgumentParser` through `HfArgumentParser`) for `trl-rpg train` and
-    `python -m trl_rpg train`, the demo's parser and examples/rpg_math.py's."""
+    `python -m trl_rpg train`, the demo's and the plot command's parsers and examples/rpg_math.py's."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -98,8 +98,10 @@ def test_every_parser_refuses_abbreviations():
     example = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = example  # dataclasses need the module registered
     spec.loader.exec_module(example)
+    from trl_rpg.cli.plot import make_plot_parser
+
     for parser in (cli.make_train_parser(), cli.make_train_parser("python -m trl_rpg train"), cli.make_demo_parser(),
-                   example.make_parser()):
+                   make_plot_parser(), example.make_parser()):
         assert parser.allow_abbrev is False, parser.prog
 
 
