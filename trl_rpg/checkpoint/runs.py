@@ -96,9 +96,9 @@ def empty_for_save(directory: str, this_run: str) -> None:
         return
     owner, _ = run_of(directory)
     if owner != this_run and os.listdir(directory):
-        whose = "a checkpoint of another run" if owner is not None else "files that no RPG run recorded writing"
-        logger.warning("RPGTrainer: %s held %s (run id %s); it is replaced by this run's checkpoint of the same step "
-                       "(a checkpoint folder holds only what its save wrote).", directory, whose, owner)
+        whose = f"a checkpoint of another run (run id {owner})" if owner else "files no RPG run recorded writing"
+        logger.warning("RPGTrainer: %s held %s; it is replaced by this run's checkpoint of the same step (a "
+                       "checkpoint folder holds only what its save wrote).", directory, whose)
     shutil.rmtree(directory, onerror=_unless_gone)
 
 
@@ -109,4 +109,5 @@ def _unless_gone(function, path, exc_info) -> None:
         raise exc_info[1]
 
 
-__all__ = ["RUN_STATE_KEY", "checkpoint_folders", "empty_for_save", "run_id", "run_of", "warn_if_other_runs"]
+__all__ = ["RUN_STATE_KEY", "checkpoint_folders", "empty_for_save", "folder_names", "run_id", "run_of",
+           "warn_if_other_runs"]
