@@ -579,7 +579,7 @@ MUTATIONS = [
              "    return candidates[0]",
              "tests/test_plots.py -k newest"),
     Mutation("cli: trl-rpg train leaves no rpg_curves.png", "trl_rpg/cli/training.py",
-             "        callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at every checkpoint and at the end\n",
+             "        callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at each save and at the end\n",
              "",
              "tests/test_cli.py -k resumes_with_true"),
     Mutation("benchmarks: --quick writes over the committed results", "benchmarks/_common.py",

@@ -135,7 +135,8 @@ def resume_checkpoint(request: str | bool, output_dir: str, run: dict[str, Any],
                             lambda failure: gather([failure]))
     if main:
         logger.warning("RPGTrainer: resuming from %s at step %d (verified: its %d files match the sizes and "
-                       "SHA-256 checksums its manifest records).", path, manifest["global_step"], len(manifest["files"]))
+                       "SHA-256 checksums its manifest records).", path, manifest["global_step"],
+                       len(manifest["files"]))
         warn_changes(path, manifest, run)
         warn_if_finished(path, manifest, max_steps)
     return path

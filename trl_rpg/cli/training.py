@@ -83,7 +83,7 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
         eval_dataset=setup.eval_dataset,
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
-        callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at every checkpoint and at the end
+        callbacks=[RPGPlotCallback()],  # output_dir/rpg_curves.png at each save and at the end
     )
     try:
         trainer.train(resume_from_checkpoint=resume_argument(training_args.resume_from_checkpoint))
