@@ -51,7 +51,6 @@ from .checks import (  # noqa: E402
     check_resume_path,
     check_training_columns,
     looks_like_local_path,
-    warn_if_output_dir_holds_checkpoints,
 )
 from .data import DATA_FILE_BUILDERS, check_dataset_name, load_training_data, looks_like_data_file  # noqa: E402
 from .demo import make_demo_parser, run_demo_command  # noqa: E402
@@ -115,5 +114,4 @@ __all__ = [
     "stop_with_launcher",
     "train",
     "train_help_sections",
-    "warn_if_output_dir_holds_checkpoints",
 ]

@@ -1,11 +1,11 @@
 """The checks of what a run trains on, made before anything is launched or loaded (the model path, the checkpoint to
-resume from, the columns the reward functions read), and the warning for a new run in an `output_dir` that holds
-checkpoints. `trl-rpg train` makes them before launching; each training process makes them again."""
+resume from, the columns the reward functions read). `trl-rpg train` makes them before launching; each training
+process makes them again. (A new run in an `output_dir` that holds checkpoints is warned about by the trainer:
+`trl_rpg.checkpoint.runs`.)"""
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from ..rewards import check_reward_columns
@@ -79,26 +79,3 @@ def check_training_columns(reward_funcs, columns) -> None:
                          "'problem' (or 'question') and 'answer' columns use examples/rpg_math.py, which wraps each "
                          "problem in the paper's prompt, or add a 'prompt' column.")
     check_reward_columns(reward_funcs, columns)
-
-
-def warn_if_output_dir_holds_checkpoints(prog: str, training_args) -> None:
-    """A new run (not resuming) in an `output_dir` that holds checkpoints: say so, naming them (first process only),
-    before anything loads (the trainer warns too, for Python users): this run's checkpoint of the same step replaces
-    another run's (`trl_rpg.checkpoint.runs`)."""
-    from ..checkpoint import checkpoint_folders  # lazy: the checkpoint package imports TRL's model code
-
-    if resume_argument(training_args.resume_from_checkpoint) is not None or not _is_first_process():
-        return
-    names = [os.path.basename(path) for path in reversed(checkpoint_folders(training_args.output_dir or ""))]
-    if names:
-        shown = ", ".join(names if len(names) <= 6 else names[:2] + ["..."] + names[-3:])
-        sys.stdout.flush()
-        print(f"{prog}: warning: --output_dir {training_args.output_dir!r} already holds {len(names)} checkpoint(s) "
-              f"({shown}) that this run does not resume; its own checkpoints go beside them (its rotation leaves "
-              "theirs, a later --resume_from_checkpoint True resumes this run's), but one of the same step replaces "
-              "theirs. Pass --resume_from_checkpoint True to continue that run, or choose another --output_dir.",
-              file=sys.stderr, flush=True)
-
-
-def _is_first_process() -> bool:
-    return os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("RANK", "0") == "0"

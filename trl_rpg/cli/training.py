@@ -20,7 +20,7 @@ from .arguments import (
     report_usage_error,
     resume_argument,
 )
-from .checks import check_model_name, check_resume_path, check_training_columns, warn_if_output_dir_holds_checkpoints
+from .checks import check_model_name, check_resume_path, check_training_columns
 from .data import load_training_data
 from .reward_funcs import resolve_reward_funcs
 
@@ -129,7 +129,6 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
         setup = prepare_training(*parsed)
     except (ValueError, FileNotFoundError) as error:
         return report_usage_error(prog, error)
-    warn_if_output_dir_holds_checkpoints(prog, parsed[1])
     try:
         train(*parsed, setup=setup)
     except KeyboardInterrupt:
