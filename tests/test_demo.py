@@ -37,7 +37,7 @@ def _check_outputs(out, result):
 def test_short_demo_runs_and_writes_model_plot_and_metrics(tmp_path, capsys):
     out = tmp_path / "demo"
     # 60 warm-up steps: the fewest after which some completions are right (a model that is never right gives no
-    # reward spread, and a run without learning signal is refused)
+    # reward spread: the run would learn nothing, and end with the no-learning-signal warning)
     result = demo.run_demo(str(out), seed=0, max_steps=2, eval_every=1, sft_steps=60, num_eval_problems=24,
                            num_train_problems=128)
     printed = capsys.readouterr().out
