@@ -2,7 +2,7 @@
 
 TRL 1.16 generates a batch every `steps_per_generation * num_iterations` micro-batches and closes an optimizer step
 every `gradient_accumulation_steps`; a micro-batch is off-policy when an optimizer step closed since its batch was
-generated (`config.BatchLayout`). Each layout below is trained for one period of that schedule and the log-ratios
+generated (`describe.BatchLayout`). Each layout below is trained for one period of that schedule and the log-ratios
 the loss receives are measured per micro-batch: `log w` (policy vs sampler) and `log r` (policy vs reference). The
 line's off-policy count must be the measured one, and the config warns exactly when `log r = 0` at every token of
 every micro-batch (the KL term then has zero expected gradient by construction).
@@ -16,7 +16,7 @@ from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 
 import trl_rpg.trainer as trainer_module
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.config import batch_layout, describe_objective
+from trl_rpg.describe import batch_layout, describe_objective
 
 INERT = "regularises nothing"
 

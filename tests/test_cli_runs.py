@@ -16,7 +16,7 @@ import pytest
 from _tiny import save_tiny_model
 
 from trl_rpg import cli
-from trl_rpg.validation import checked_reward_function
+from trl_rpg.reward_calls import checked_reward_function
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

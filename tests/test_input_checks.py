@@ -1,6 +1,7 @@
-"""Unit tests of `trl_rpg.validation` (no model, no training): reward wrappers keep the sync/async nature TRL
-detects, reward results are checked in float32 against a documented bound, failing reward functions are not called
-again, and data sets are checked (streaming first row, `content: None`, size, prompts that tokenize to nothing)."""
+"""Unit tests of `trl_rpg.reward_calls` and `trl_rpg.validation` (no model, no training): reward wrappers keep the
+sync/async nature TRL detects, reward results are checked in float32 against a documented bound, failing reward
+functions are not called again, and data sets are checked (streaming first row, `content: None`, size, prompts that
+tokenize to nothing)."""
 
 import asyncio
 import functools
@@ -20,11 +21,8 @@ from trl.trainer.utils import RepeatSampler, get_callable_name, nanstd
 from trl.trainer.utils import is_async_callable as trl_is_async_callable
 
 from trl_rpg import RPGConfig
+from trl_rpg.reward_calls import FLOAT32_MAX, MAX_ABS_REWARD, check_rewards, checked_reward_function
 from trl_rpg.validation import (
-    FLOAT32_MAX,
-    MAX_ABS_REWARD,
-    check_rewards,
-    checked_reward_function,
     minimum_train_prompts,
     validate_dataset_size,
     validate_tokenized_prompts,

@@ -10,7 +10,7 @@ import torch
 from _tiny import cpu_args, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.config import describe_objective
+from trl_rpg.describe import describe_objective
 from trl_rpg.reward_scale import HIGH, LOW, RewardScaleCheck, batch_reward_scale
 
 WARNING = "RPGTrainer: the advantages are far from unit scale"

@@ -1,5 +1,5 @@
 """The per-`train()` tallies through the trainer: the unscored-batch warning fires at the first unscored training
-batch even when earlier batches were scored (`validation.ScoringTally`), and a second `train()` on the same trainer
+batch even when earlier batches were scored (`reward_calls.ScoringTally`), and a second `train()` on the same trainer
 judges its own steps, not the first call's (`learning_signal.SignalTally`)."""
 
 import logging

@@ -36,7 +36,7 @@ Definitions (what the trainer feeds in, and what is decided):
   (`STATE_KEY`, saved in `trainer_state.json` with every checkpoint), so a resumed run whose earlier steps carried
   signal does not fail because its remaining steps carry none; it still warns.
 
-Reward models get no finite-and-bounded check from `validation.checked_reward_function` (TRL calls them directly), so
+Reward models get no finite-and-bounded check from `reward_calls.checked_reward_function` (TRL calls them directly), so
 `check_reward_model_scores` applies the same bounds to their scores, which would otherwise overflow TRL's std.
 """
 
@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from .dynamic_sampling import group_reward_signal
-from .validation import MAX_ABS_REWARD
+from .reward_calls import MAX_ABS_REWARD
 
 __all__ = [
     "NoLearningSignal",
@@ -86,7 +86,7 @@ class NoLearningSignal(RuntimeError):
 def trained_on_nothing(global_step: int, max_steps: int, scoring, tally: SignalTally, reward_func_names,
                        columns) -> str | None:
     """Why a finished run trained on nothing, or None: it took no optimizer step; no training batch had a scored
-    reward (`validation.ScoringTally`); or no optimizer step carried learning signal (`SignalTally.final_error`)."""
+    reward (`reward_calls.ScoringTally`); or no optimizer step carried learning signal (`SignalTally.final_error`)."""
     if global_step == 0:
         return ("RPGTrainer: the run took no optimizer step, so the model was trained on nothing "
                 f"(max_steps={max_steps}).")
@@ -313,9 +313,9 @@ class SignalTally:
 def check_reward_model_scores(rewards_per_func: torch.Tensor, reward_funcs: Sequence, names: Sequence[str],
                               max_abs_reward: float = MAX_ABS_REWARD) -> None:
     """Raise `ValueError` if a reward model (an `nn.Module` in `reward_funcs`) scored a completion with a value that
-    is not finite, or above `max_abs_reward` (`validation.MAX_ABS_REWARD` = 1e15) in magnitude.
+    is not finite, or above `max_abs_reward` (`reward_calls.MAX_ABS_REWARD` = 1e15) in magnitude.
 
-    The bound is the one reward functions get (`validation.checked_reward_function`): larger scores can overflow TRL's
+    The bound is the one reward functions get (`checked_reward_function`): larger scores can overflow TRL's
     float32 group/batch std to inf and make every advantage 0. A reward model has no "not scored", so NaN is refused
     too. `rewards_per_func` is the gathered `(N, F)` tensor, the same on every process: every process raises the same
     error. Only the reward-model columns are read."""

@@ -219,7 +219,7 @@ _SCALE_TEXT = {"none": ": reward - group mean, not divided by the std", "group":
 def rpg_settings(args, beta: float, adapter: bool = False) -> str:
     """The card's "RPG settings" section: the objective, the two settings that most change behaviour against GRPO
     (batch reuse and `scale_rewards`), and what the saved output is."""
-    from .config import batch_layout
+    from .describe import batch_layout
 
     steps = batch_layout(args).optimizer_steps_per_generation
     reuse = (f"`{steps}` (steps_per_generation={args.steps_per_generation}, gradient_accumulation_steps="

@@ -3,9 +3,9 @@
 The trainer only overrides the `GRPOTrainer` / `Trainer` methods TRL calls (each says why in one line) and
 delegates: the loss to `objectives` and `loss`, the reference policy to `reference`, dynamic sampling to
 `dynamic_sampling`, checkpoints to `checkpoint`, the gradient guard to `gradient_guard`, the model card to
-`model_card`, input checks to `validation`, the "did this run learn anything" verdict to `learning_signal`.
-`_compat` lists every TRL internal used. docs/architecture.md follows
-one training step through them.
+`model_card`, data set checks to `validation`, reward-function calls to `reward_calls`, the "did this run learn
+anything" verdict to `learning_signal`, the start-up line to `describe`. `_compat` lists every TRL internal used.
+docs/architecture.md follows one training step through them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from trl import GRPOTrainer
 
 from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, upgrade_guard
 from . import dynamic_sampling as ds
-from .config import RPGConfig, as_rpg_config, describe_objective
+from .config import RPGConfig, as_rpg_config
+from .describe import describe_objective
 from .loss import (
     Aggregation,
     aggregate,
@@ -37,12 +38,10 @@ from .loss import (
 )
 from .objectives import rpg_per_token_loss
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule
+from .reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
 from .reward_scale import RewardScaleCheck
 from .rewards import check_reward_columns
 from .validation import (
-    UNSCORED_BATCH_WARNING,
-    ScoringTally,
-    checked_reward_function,
     validate_dataset_size,
     validate_eval_dataset,
     validate_tokenized_prompts,

@@ -1,0 +1,187 @@
+"""What a resolved `RPGConfig` trains, said to the user: the batch layout TRL runs (`BatchLayout`), the start-up
+line (`describe_objective`) and the construction warnings for a KL term that is inert by construction and for truncated
+sampling where a term relies on the sampler's support.
+
+Pure functions of the config's fields (any object with `RPGConfig`'s attributes): nothing here imports TRL or
+`trl_rpg.config`, which calls the warnings from `RPGConfig.__post_init__`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .objectives import DIVERGENCE_TABLE
+from .reward_scale import startup_note
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How TRL 1.16's `GRPOTrainer` walks its generation batches (`_prepare_inputs`), over one period of the schedule.
+
+    Micro-batch `i = 0, 1, ...` (one `training_step`) trains on slice `i % steps_per_generation` of the batch generated
+    at micro-batch `G * (i // G)`, `G = steps_per_generation * num_iterations` (each batch is consumed
+    `num_iterations` times), and an optimizer step closes every `gradient_accumulation_steps` micro-batches. A
+    micro-batch is off-policy (`w != 1` possible) when an optimizer step closed between its batch's generation and
+    itself. The pattern repeats every `lcm(G, gradient_accumulation_steps)` micro-batches.
+    """
+
+    generate_every: int  #: G, micro-batches per generation batch
+    accumulation: int  #: micro-batches per optimizer step
+    micro_batches: int  #: one period
+    off_policy: int  #: off-policy micro-batches in one period
+
+    @property
+    def optimizer_steps_per_generation(self) -> int | None:
+        """Optimizer steps each generation batch is trained on, when every batch spans whole steps (else None)."""
+        return self.generate_every // self.accumulation if self.generate_every % self.accumulation == 0 else None
+
+    def describe(self, args) -> str:
+        fields = (f"steps_per_generation={args.steps_per_generation}, num_iterations={args.num_iterations}, "
+                  f"gradient_accumulation_steps={args.gradient_accumulation_steps}")
+        steps = self.optimizer_steps_per_generation
+        if steps is not None:
+            use = f"each generation batch used for {steps} optimizer step(s)"
+        elif self.accumulation % self.generate_every == 0:
+            use = (f"each optimizer step trains on {self.accumulation // self.generate_every} whole generation "
+                   "batches")
+        else:
+            use = (f"a generation batch every {self.generate_every} micro-batches, an optimizer step every "
+                   f"{self.accumulation}")
+        if self.off_policy == 0:
+            policy = "every micro-batch on-policy"
+        else:
+            policy = f"{self.off_policy} of every {self.micro_batches} micro-batches off-policy"
+        return f"{use}, {policy} ({fields})"
+
+
+def batch_layout(args) -> BatchLayout:
+    """The `BatchLayout` of a resolved config (after `GRPOConfig.__post_init__`)."""
+    generate_every = args.steps_per_generation * args.num_iterations
+    accumulation = args.gradient_accumulation_steps
+    period = math.lcm(generate_every, accumulation)
+    off = sum(i // accumulation != (i - i % generate_every) // accumulation for i in range(period))
+    return BatchLayout(generate_every, accumulation, period, off)
+
+
+def inert_kl_reason(args) -> str | None:
+    """Why the KL term has zero expected gradient by construction (None when it can act): `beta > 0` and
+    `log(pi/ref) = 0` at every token, because the reference is the sampler and every micro-batch is on-policy
+    (`w = 1`), or because the reference is refreshed to the policy after every optimizer step (docs/math.md sec. 2)."""
+    if args.beta <= 0:
+        return None
+    if args.rpg_reference == "sampling" and batch_layout(args).off_policy == 0:
+        return ("With rpg_reference='sampling' the reference is the policy that sampled each batch, and no optimizer "
+                f"step falls between a batch's generation and its use ({batch_layout(args).describe(args)}), so w = 1")
+    if args.rpg_reference == "periodic" and args.rpg_reference_update_steps == 1:
+        return ("With rpg_reference='periodic' and rpg_reference_update_steps=1 the reference is refreshed to the "
+                "policy after every optimizer step, so pi = pi_ref at every micro-batch")
+    return None
+
+
+def kl_term_is_inert(args) -> bool:
+    """True when the KL term has zero expected gradient by construction (`inert_kl_reason`)."""
+    return inert_kl_reason(args) is not None
+
+
+def inert_kl_warning(args) -> str:
+    """The construction warning for a KL term that is inert by construction (`inert_kl_reason`)."""
+    exact = args.rpg_divergence in ("ufkl", "urkl")
+    effect = ("the KL part of every token's gradient is 0 and the run trains exactly as with beta=0" if exact else
+              f"the KL part of every token's gradient is +-beta*w, whose mean under the sampler is 0 (with "
+              f"rpg_divergence={args.rpg_divergence!r} and the REINFORCE clip, +-beta*w_bar outside the trust "
+              "region), so the run trains as with beta=0 in expectation")
+    return (f"RPGConfig: beta={args.beta} regularises nothing here. {inert_kl_reason(args)} and log(pi/ref) = 0 at "
+            f"every token: {effect}. Reuse each batch for several optimizer steps (rpg_generation_reuse > 1, "
+            "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
+            "or regularise towards a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with "
+            "rpg_reference_update_steps > 1, or 'adaptive').")
+
+
+def truncated_sampling(args) -> list[str]:
+    """The sampling settings, as `name=value`, that truncate the sampler's support: `top_p < 1`, `top_k > 0`,
+    `min_p > 0` (a `generation_kwargs` entry overrides the field, as it does in TRL)."""
+    kwargs = args.generation_kwargs or {}
+    top_p, top_k, min_p = (kwargs.get(name, getattr(args, name)) for name in ("top_p", "top_k", "min_p"))
+    cuts = (("top_p", top_p, top_p is not None and top_p < 1), ("top_k", top_k, top_k is not None and top_k > 0),
+            ("min_p", min_p, bool(min_p)))
+    return [f"{name}={value}" for name, value, cut in cuts if cut]
+
+
+def truncated_sampling_warning(args) -> str | None:
+    """The construction warning for truncated sampling where a term relies on the sampler's support: vLLM's
+    importance-sampling correction (or TRL's off-policy mask, which reads vLLM's log-probs), or a reference other
+    than the sampler (docs/math.md section 4c); None when neither applies."""
+    cuts = truncated_sampling(args)
+    corrected = args.use_vllm and (args.vllm_importance_sampling_correction
+                                   or args.off_policy_mask_threshold is not None)
+    regularised = args.beta > 0 and args.rpg_reference != "sampling"
+    if not cuts or not (corrected or regularised):
+        return None
+    reasons = []
+    if corrected:
+        reasons.append("vLLM's log-probs are renormalised over the kept tokens (logprobs_mode='processed_logprobs') "
+                       "while the trainer's cover the whole vocabulary, so the ratio pi_old/mu of "
+                       "vllm_importance_sampling_correction (and off_policy_mask_threshold's test) carries the kept "
+                       "probability mass at every token, a factor below 1 that is no policy change")
+    if regularised:
+        reasons.append(f"the KL term towards rpg_reference={args.rpg_reference!r} is estimated on the kept tokens "
+                       "only: the divergence the policy builds on the cut tokens is never seen")
+    return (f"RPGConfig: {', '.join(cuts)} truncates sampling: the sampler never proposes the tokens it cuts, which "
+            "the policy still gives probability, and no importance weight can correct for a token never sampled. Here "
+            f"{'; and '.join(reasons)}. Train with top_p=1.0, top_k=0 and min_p=None (truncate at evaluation only), "
+            "or turn off what relies on the sampler's support (vllm_importance_sampling_correction=False, "
+            "rpg_reference='sampling'); see docs/math.md section 4c.")
+
+
+_REFERENCE_TEXT = {
+    "sampling": "the policy that sampled each batch",
+    "initial": "the policy at the start of training, fixed",
+    "periodic": "updated to the policy every {rpg_reference_update_steps} optimizer steps",
+    "adaptive": "updated when the divergence average exceeds {rpg_reference_kl_target}",
+}
+
+
+_ADVANTAGE_TEXT = {"none": "reward - group mean", "group": "(reward - group mean) / group std",
+                   "batch": "(reward - group mean) / batch std"}
+
+
+def _scale_clause(args) -> str:
+    """The start-up line's note on an advantage not divided by the std (`reward_scale.startup_note`)."""
+    note = startup_note(args.scale_rewards, args.multi_objective_aggregation)
+    return f": {note}" if note else ""
+
+
+def describe_objective(args) -> str:
+    """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
+    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
+    title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
+    dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
+    line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
+            f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}, reference: "
+            f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
+            f"{batch_layout(args).describe(args)}; clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
+            f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
+    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
+        line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+    elif args.beta == 0:
+        line += " beta=0: no KL regularisation."
+    elif kl_term_is_inert(args):
+        why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
+               "reference refreshed to the policy after every optimizer step")
+        line += f" The KL term has zero expected gradient here ({why})."
+    return line
+
+
+def _advantage_text(args) -> str:
+    """What the advantages are, as TRL 1.16 computes them (`GRPOTrainer._generate_and_score_completions`)."""
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        return ("each reward function's (reward - group mean) / group std, weighted and summed, then minus the batch "
+                "mean and divided by the batch std (multi_objective_aggregation='normalize_then_sum'; scale_rewards="
+                f"{args.scale_rewards!r} has no effect)")
+    return (f"{_ADVANTAGE_TEXT.get(args.scale_rewards, 'reward - group mean, scaled')} (scale_rewards="
+            f"{args.scale_rewards!r}{_scale_clause(args)})")
+
+
+__all__ = ["BatchLayout", "batch_layout", "describe_objective", "inert_kl_reason", "inert_kl_warning",
+           "kl_term_is_inert", "truncated_sampling", "truncated_sampling_warning"]
