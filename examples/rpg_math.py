@@ -35,8 +35,8 @@ A quick local run, on CPU (`--use_cpu True --bf16 False`: like TRL's `GRPOConfig
 `bf16=True`, which needs a GPU; on a GPU leave both flags out). It checks the plumbing, not the recipe: 32-token
 completions and no dynamic sampling (a model that never solves a problem would make dynamic sampling generate its
 8 rounds for every batch and keep nothing), trained on the length penalty's spread; it prints where
-`eval_results.json` went. Measured with the tests' tiny model: 8 s on 2 cores (35 s with other jobs running); it
-grows with the model:
+`eval_results.json` went. Measured with the tests' tiny model on 2 cores: 7 s at load 1, 15 s at load 3 (2026-12-02);
+it grows with the model:
 
     python examples/rpg_math.py --model_name_or_path ./my-model --dataset_name ./train.parquet --output_dir out \\
         --max_steps 2 --num_generations 4 --max_completion_length 32 --dynamic_sampling False \\
