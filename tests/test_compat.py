@@ -60,3 +60,23 @@ def test_deepspeed_has_the_checkpoint_types_rpg_allows():
     pytest.importorskip("deepspeed")
     types = _compat.deepspeed_checkpoint_types()
     assert [f"{t.__module__}.{t.__qualname__}" for t in types] == list(_compat.DEEPSPEED_CHECKPOINT_TYPES)
+
+
+def test_accelerate_and_trl_have_the_launcher_internals_trl_rpg_train_uses():
+    """`trl-rpg train` (trl_rpg/cli/launcher.py) decides whether to train in its own process with accelerate's own
+    completion of the launch arguments, gives that process the environment of accelerate's one-process launcher, and
+    splits the arguments TRL's parser left with TRL's helper: each must exist, with the shape the launcher reads."""
+    import copy
+
+    from accelerate.commands.config.config_args import ComputeEnvironment, load_config_from_file  # noqa: F401
+    from accelerate.commands.launch import _validate_launch_command, launch_command, launch_command_parser  # noqa: F401
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+    from trl.cli.commands.training import _subtract_subsequence
+
+    args = launch_command_parser().parse_args(["--num_processes", "1", "--cpu", "train.py"])
+    completed, defaults, _ = _validate_launch_command(copy.deepcopy(args))
+    assert completed.num_processes == 1 and hasattr(ComputeEnvironment, "LOCAL_MACHINE")
+    assert defaults is None or hasattr(defaults, "compute_environment")
+    command, env = prepare_simple_launcher_cmd_env(completed)
+    assert isinstance(env, dict) and command[-1] == "train.py"
+    assert _subtract_subsequence(["a", "b", "c"], ["b"]) == ["a", "c"]

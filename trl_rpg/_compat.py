@@ -31,7 +31,11 @@ It also reuses TRL's `is_async_callable` (the rule by which `GRPOTrainer` decide
 the reward wrapper keeps) rather than a copy of it, and TRL's `get_trackio_space_url` / `get_comet_experiment_url`
 (the tracker links of the model card, `trl_rpg.model_card`). One more TRL helper is imported where it is used, not
 here: `trl.cli.commands.training._subtract_subsequence` (`trl <command>`'s split of the arguments its parser did not
-consume), by `trl_rpg/cli/launcher.py`, which must not load this module's TRL trainer and model utilities.
+consume), by `trl_rpg/cli/launcher.py`, which must not load this module's TRL trainer and model utilities. The
+launcher also uses accelerate's launch internals, imported there for the same reason: `accelerate.commands.launch.
+_validate_launch_command` (its completion of the launch arguments, read to decide whether one plain process can
+train in the launcher's own process), `accelerate.utils.launch.prepare_simple_launcher_cmd_env` (the environment of
+that process) and `launch_command`; `tests/test_compat.py` checks them too.
 
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
