@@ -1,6 +1,9 @@
 """A tiny local model, tokenizer and data set for trainer tests (no downloads)."""
 
 import os
+import shutil
+import sys
+from pathlib import Path
 
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -67,3 +70,12 @@ def cpu_args(output_dir, **overrides) -> dict:
     )
     args.update(overrides)
     return args
+
+
+def console_script() -> list[str]:
+    """The installed `trl-rpg` script next to this interpreter (else the same entry point through python -c)."""
+    script = Path(sys.executable).with_name("trl-rpg")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("trl-rpg")
+    return [found] if found else [sys.executable, "-c", "import sys; from trl_rpg.cli import main; sys.exit(main())"]

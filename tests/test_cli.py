@@ -3,7 +3,6 @@ the newcomer's mistakes, each ending with one clear message naming what to fix, 
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _tiny import console_script as _console_script
 from _tiny import save_tiny_model
 
 from trl_rpg import cli
@@ -27,15 +27,6 @@ def _env(**overrides):
                PYTHONPATH=os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")])))  # no "" (= cwd)
     env.update(overrides)
     return {k: v for k, v in env.items() if v is not None}
-
-
-def _console_script() -> list[str]:
-    """The installed `trl-rpg` script next to this interpreter (else the same entry point through python -c)."""
-    script = Path(sys.executable).with_name("trl-rpg")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("trl-rpg")
-    return [found] if found else [sys.executable, "-c", "import sys; from trl_rpg.cli import main; sys.exit(main())"]
 
 
 def _run(cmd, cwd, timeout=300, **env):

@@ -95,6 +95,20 @@ def test_the_first_failed_processs_error_line_is_printed_last(monkeypatch, tmp_p
     assert "error:" not in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_an_accelerate_that_exits_itself_on_a_signal_gives_its_status_without_a_traceback(monkeypatch):
+    """accelerate >= 1.16 turns a signal to its launcher into `sys.exit(128 + N)` itself (130 on Ctrl-C, 1 for a
+    failure under `--quiet`); the launcher returns that status instead of letting `SystemExit` unwind through the
+    training command (`SystemExit(None)` is success)."""
+    from accelerate.commands import launch
+
+    for code, status in ((143, 143), (130, 130), (1, 1), (None, 0), ("stopped", 1)):
+        def exiting(args, code=code):
+            raise SystemExit(code)
+
+        monkeypatch.setattr(launch, "launch_command", exiting)
+        assert cli.run_accelerate_launch(object()) == status, code
+
+
 def test_ctrl_c_exits_130(monkeypatch, tmp_path):
     """Ctrl-C (KeyboardInterrupt) while the launcher waits for its training processes, or while it trains one
     itself: exit status 130, as a shell reports a program interrupted by SIGINT."""
@@ -180,9 +194,14 @@ def test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_wit
     proc = subprocess.run([sys.executable, "launcher.py", "SIGTERM", str(_free_port()), "SIGINT", str(_free_port()),
                            "ERROR", str(_free_port())],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240, check=False)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    import accelerate
+    import torch
+
+    versions = f"accelerate {accelerate.__version__}, torch {torch.__version__}: "  # whose launch internals changed
+    assert proc.returncode == 0, versions + proc.stdout[-2000:] + proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("STATUSES "))
-    assert json.loads(line.removeprefix("STATUSES ")) == {"SIGTERM": 143, "SIGINT": 130, "ERROR": 1}, proc.stderr
+    statuses = json.loads(line.removeprefix("STATUSES "))
+    assert statuses == {"SIGTERM": 143, "SIGINT": 130, "ERROR": 1}, versions + proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "SignalException" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == "trl-rpg train: error: RuntimeError: boom", proc.stderr[-2000:]
     pids = [int(p.read_text()) for p in sorted(tmp_path.glob("*-*.pid"))]
@@ -232,19 +251,14 @@ def test_pythonsafepath_is_for_the_training_processes_only_and_a_users_own_setti
 def test_one_process_trains_in_the_launchers_process_with_the_environment_accelerate_would_give_it(monkeypatch):
     """One training process: trained in the launcher's own process (torch, transformers and TRL are imported once,
     not again in a child), with the environment accelerate's one-process launcher gives its child; the launcher's
-    environment is restored afterwards. Nothing is started (`subprocess.Popen` is watched)."""
+    environment is restored afterwards. Nothing is started: accelerate's one-process launcher is watched (the command
+    and environment it would start its child with, from accelerate's own `prepare_simple_launcher_cmd_env`; how it
+    then starts the child, `subprocess.Popen` before accelerate 1.16 and `psutil.Popen` since, is not this test's)."""
+    from accelerate.commands import launch
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     started = []
-
-    class Recorded:
-        def __init__(self, cmd, env=None, **kwargs):
-            started.append((cmd, dict(env)))
-            self.returncode = 0
-
-        def wait(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", Recorded)
+    monkeypatch.setattr(launch, "simple_launcher", lambda args: started.append(prepare_simple_launcher_cmd_env(args)))
     training = ["--model_name_or_path", "m", "--output_dir", "o", "--use_cpu", "True", "--bf16", "False"]
     assert cli.run_accelerate_launch(cli.parse_launch_arguments(["--num_processes", "1"], training)) == 0
     (cmd, accelerate_env), = started

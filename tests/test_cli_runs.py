@@ -6,13 +6,13 @@ group destroyed); an error is the last line printed, naming the reward function'
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from _tiny import console_script as _console_script
 from _tiny import save_tiny_model
 
 from trl_rpg import cli
@@ -189,14 +189,6 @@ def test_a_reward_functions_error_names_its_file_and_line(bad_rewards, name, whe
     message = str(raised.value)
     assert message.startswith(f"Reward function `{name}`")
     assert where.format(bad_rewards.__file__) in message, message
-
-
-def _console_script() -> list[str]:
-    script = Path(sys.executable).with_name("trl-rpg")
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("trl-rpg")
-    return [found] if found else [sys.executable, "-c", "import sys; from trl_rpg.cli import main; sys.exit(main())"]
 
 
 def test_an_error_raised_in_training_is_the_last_line_printed_with_the_reward_functions_line(tiny, tmp_path):

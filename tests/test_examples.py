@@ -234,6 +234,7 @@ def test_dependency_floors_are_the_tested_versions_and_the_readme_names_them():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert f"torch {floors['torch']}–2.14" in readme and f"transformers >= {floors['transformers']}" in readme
     assert f"TRL {floors['trl']}" in readme
-    for name in ("accelerate", "peft", "datasets"):
+    assert f"accelerate {floors['accelerate']}–1.16" in readme and '"accelerate>=1.15,<1.17"' in text
+    for name in ("peft", "datasets"):
         assert f"{name} >= {floors[name]}" in readme, name
     from trl_rpg import _compat  # noqa: F401  (its imports resolve on the tested transformers: tests/test_compat.py)

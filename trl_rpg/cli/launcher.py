@@ -315,6 +315,13 @@ def _exit_status(code: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
+def _system_exit_status(code) -> int:
+    """The exit status `sys.exit(code)` gives: `code` itself when it is a number, 0 for None, 1 otherwise."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
 #: The signals torchrun's agent turns into a `SignalException` (its default `TORCHELASTIC_SIGNALS_TO_HANDLE`).
 _AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
@@ -336,6 +343,8 @@ def run_accelerate_launch(args) -> int:
         return 128 + signal.SIGINT
     except SignalException as error:  # torchrun's agent got a signal and has stopped the training processes
         return 128 + int(error.sigval)
+    except SystemExit as error:  # accelerate >= 1.16 exits itself: 128 + N on signal N (130 on Ctrl-C), 1 if quiet
+        return _system_exit_status(error.code)
     except ChildFailedError as error:  # several processes: the first to fail is the cause
         _, first = error.get_first_failure()
         if isinstance(first.message, str) and ": error: " in first.message:  # its line (`record_error_for_launcher`)
