@@ -183,6 +183,21 @@ def describe_objective(args) -> str:
     return line
 
 
+def describe_async_objective(args) -> str:
+    """`AsyncRPGTrainer`'s start-up line: the objective, the reference (the sampler of each sample), the staleness
+    allowed, the clip, the advantages and the loss, and whether the settings make it train as `AsyncGRPOTrainer`."""
+    line = (f"AsyncRPGTrainer: {objective_text(args)}, reference: the policy version that sampled each sample "
+            f"(rpg_reference='sampling', rho = 1; w = pi_theta/mu exact at any staleness); samples at most "
+            f"max_staleness={args.max_staleness} versions old, weights synced every weight_sync_steps="
+            f"{args.weight_sync_steps} optimizer step(s); {clip_text(args)}; advantages: the rollout worker's "
+            "((reward - group mean) / group std); loss: token mean over each micro-batch's trained tokens (TRL's).")
+    if args.beta == 0 and args.rpg_dual_clip_c is None:
+        line += " With beta=0 and no dual clip this trains as AsyncGRPOTrainer (the PPO clip's gradient)."
+    elif args.beta == 0:
+        line += " beta=0: no KL regularisation."
+    return line
+
+
 def _advantage_text(args) -> str:
     """What the advantages are, as TRL 1.16 computes them (`GRPOTrainer._generate_and_score_completions`)."""
     if args.multi_objective_aggregation == "normalize_then_sum":
@@ -193,5 +208,6 @@ def _advantage_text(args) -> str:
             f"{args.scale_rewards!r}{_scale_clause(args)})")
 
 
-__all__ = ["BatchLayout", "batch_layout", "clip_text", "describe_objective", "inert_kl_reason", "inert_kl_warning",
-           "kl_term_is_inert", "objective_text", "truncated_sampling", "truncated_sampling_warning"]
+__all__ = ["BatchLayout", "batch_layout", "clip_text", "describe_async_objective", "describe_objective",
+           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "truncated_sampling",
+           "truncated_sampling_warning"]

@@ -245,6 +245,28 @@ def rpg_settings(args, beta: float, adapter: bool = False) -> str:
         """)
 
 
+def async_rpg_settings(args, beta: float, adapter: bool = False) -> str:
+    """`AsyncRPGTrainer`'s "RPG settings" section: the objective, the staleness allowed and what is saved."""
+    output = "LoRA adapter (PEFT): load it on top of the base model" if adapter else "full model weights"
+    return textwrap.dedent(f"""
+        ## RPG settings
+
+        Trained with RPG ([arXiv:2505.17508](https://huggingface.co/papers/2505.17508)) via `trl_rpg.AsyncRPGTrainer`
+        (asynchronous rollouts from a vLLM server):
+
+        | setting | value |
+        |---|---|
+        | divergence | `{args.rpg_divergence}` |
+        | estimator | `{args.rpg_estimator}` |
+        | reference policy | `sampling` (the policy version that sampled each sample) |
+        | beta | `{beta}` |
+        | clip (eps_low, eps_high, c) | `({args.epsilon}, {args.epsilon_high}, {args.rpg_dual_clip_c})` |
+        | staleness allowed (`max_staleness`) | `{args.max_staleness}` |
+        | advantage | the rollout worker's: (reward - group mean) / group std |
+        | saved output | {output} |
+        """)
+
+
 def render(args, *, base_model: str | None, model_name: str | None, dataset_name: str | None, load_as: str,
            tags: list[str], adapter: bool = False, trackers: dict[str, str] | None = None,
            trainer: str = "RPGTrainer", trl_trainer: str = "GRPOTrainer", settings=rpg_settings):
@@ -297,5 +319,5 @@ def write(path: str, args, model, *, load_as: str, model_name: str | None, datas
     card.save(path)
 
 
-__all__ = ["RPG_PAPER", "TEMPLATE", "TRL_CITATION", "card_tags", "hub_repo_id", "markdown_text", "python_string",
-           "render", "rpg_settings", "tracker_urls", "write"]
+__all__ = ["RPG_PAPER", "TEMPLATE", "TRL_CITATION", "async_rpg_settings", "card_tags", "hub_repo_id",
+           "markdown_text", "python_string", "render", "rpg_settings", "tracker_urls", "write"]
