@@ -187,7 +187,7 @@ class StaleRolloutWorker:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=positions,
-                             past_key_values=out.past_key_values, use_cache=True)
+                             cache=out.cache, use_cache=True)
         return tokens, logps
 
     def _generate_groups(self) -> list:
