@@ -248,6 +248,7 @@ def rpg_settings(args, beta: float, adapter: bool = False) -> str:
 def async_rpg_settings(args, beta: float, adapter: bool = False) -> str:
     """`AsyncRPGTrainer`'s "RPG settings" section: the objective, the staleness allowed and what is saved."""
     output = "LoRA adapter (PEFT): load it on top of the base model" if adapter else "full model weights"
+    clip = (args.epsilon, args.epsilon_high, args.rpg_dual_clip_c)
     return textwrap.dedent(f"""
         ## RPG settings
 
@@ -260,7 +261,7 @@ def async_rpg_settings(args, beta: float, adapter: bool = False) -> str:
         | estimator | `{args.rpg_estimator}` |
         | reference policy | `sampling` (the policy version that sampled each sample) |
         | beta | `{beta}` |
-        | clip (eps_low, eps_high, c) | `({args.epsilon}, {args.epsilon_high}, {args.rpg_dual_clip_c})` |
+        | clip (eps_low, eps_high, c) | `{clip}` |
         | staleness allowed (`max_staleness`) | `{args.max_staleness}` |
         | advantage | the rollout worker's: (reward - group mean) / group std |
         | saved output | {output} |

@@ -439,16 +439,16 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
         from trl.experimental.async_grpo import AsyncGRPOConfig as config_class
     methods = changed_methods(owners or _async_owners(), ASYNC_REVIEWED_METHODS)
     fields = [f.name for f in dataclasses.fields(config_class) if f.name not in ASYNC_FIELDS]
-    if not methods and not fields:
+    if not (methods or fields):
         return []
     message = describe(methods, fields, {name: version(name) for name in REVIEWED_VERSIONS}).replace(
         "RPGTrainer was reviewed", "AsyncRPGTrainer was reviewed").replace(
         "GRPOConfig fields are not classified", "AsyncGRPOConfig fields are not classified (trl_rpg.async_config."
         "ASYNC_FIELDS)").replace("REVIEWED_METHODS", "ASYNC_REVIEWED_METHODS")
-    if os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes"):
-        warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)
-        return methods + fields
-    raise UnreviewedUpgrade(message)
+    if os.environ.get(ALLOW_ENV, "").strip().lower() not in ("1", "true", "yes"):
+        raise UnreviewedUpgrade(message)
+    warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)
+    return methods + fields
 
 
 __all__ += ["ASYNC_REVIEWED_METHODS", "check_async"]
