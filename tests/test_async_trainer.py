@@ -414,3 +414,14 @@ def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"AsyncRPGTrainer was reviewed.*"
                                                               r"AsyncGRPOTrainer\.compute_loss"):
         AsyncRPGTrainer("not-a-model-path-because-the-guard-runs-first", args=AsyncRPGConfig(**BASE))
+
+
+def test_the_cpu_stand_ins_are_put_back():
+    """`_compat.async_trainer_on_cpu` replaces TRL's kernel loader and MFU lookup only within its block."""
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    before = packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device
+    with async_trainer_on_cpu(VarlenAttention):
+        assert packing._flash_attn() is VarlenAttention
+        assert async_grpo_trainer.get_peak_flops_per_device(None, "float32") is None
+    assert (packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device) == before

@@ -114,10 +114,8 @@ class AsyncRPGConfig(AsyncGRPOConfig):
         symmetric region), the RPG fields get RPG's defaults."""
         if isinstance(args, cls):
             return args
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-        if values.get("epsilon_high") is None:
-            values["epsilon_high"] = values["epsilon"]
-        return cls(**values)
+        # an AsyncGRPOConfig's epsilon is always set, so `resolve_clip_widths` keeps epsilon_high=None symmetric
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
 
 
 def as_async_rpg_config(args, model) -> AsyncRPGConfig:
