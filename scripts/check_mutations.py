@@ -848,6 +848,10 @@ MUTATIONS = [
              "from .objectives import rpg_per_token_loss\n",
              "from .objectives import rpg_per_token_loss\nfrom .async_config import ASYNC_FIELDS  # noqa: F401\n",
              "tests/test_async_trainer.py -k import_trl_rpg"),
+    Mutation("async: a run whose every advantage is 0 ends in silence", "trl_rpg/async_trainer.py",
+             "        self.batches_with_signal += int(float(signal) > 0)",
+             "        self.batches_with_signal += 1",
+             "tests/test_async_trainer.py -k learns_nothing"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

@@ -67,7 +67,7 @@ def train(trainer_cls, model_path, tokenizer, args, staleness, callbacks=(), **k
         trainer = trainer_cls(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts(),
                               processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker,
                               callbacks=list(callbacks), **kwargs)
-        trainer.train()
+        trainer.output = trainer.train()
     return trainer, worker
 
 
@@ -315,6 +315,24 @@ def test_rpg_metrics_beside_trls_and_the_start_up_line(run):
     assert abs(logs[-1]["rpg/w_mean"] - logs[-1]["ratio"]) < 1e-5  # the same w, two names
     assert sum(line.startswith("AsyncRPGTrainer: optimising E[A] - beta*D") and "beta=0.1" in line and
                "max_staleness=1" in line for line in run["logs"]) == 1
+
+
+def constant_reward(completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def test_a_run_that_learns_nothing_from_its_rewards_says_so(run, model_path, tokenizer, tmp_path, caplog):
+    """Every group's rewards equal: every advantage 0; train() warns and its metrics say so (a normal run: 0.0)."""
+    assert run["trainer"].output.metrics["rpg/trained_on_nothing"] == 0.0
+    worker = StaleRolloutWorker(model_path, prompts(), constant_reward, tokenizer, num_generations=GENERATIONS,
+                                max_completion_length=LENGTH, groups_per_call=BATCH // GENERATIONS)
+    args = AsyncRPGConfig(**settings(tmp_path, max_steps=1), beta=0.1)
+    with async_trainer_on_cpu(VarlenAttention), caplog.at_level(logging.WARNING, logger="trl_rpg"):
+        trainer = AsyncRPGTrainer(model_path, reward_funcs=constant_reward, args=args, train_dataset=prompts(),
+                                  processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker)
+        metrics = trainer.train().metrics
+    assert metrics["rpg/trained_on_nothing"] == 1.0 and "advantage 0" in metrics["rpg/trained_on_nothing_reason"]
+    assert caplog.records[-1].getMessage() == metrics["rpg/trained_on_nothing_reason"]
 
 
 def test_model_card(run):

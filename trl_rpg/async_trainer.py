@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, gradient_guard, model_card, upgrade_guard
+from . import _compat, gradient_guard, learning_signal, model_card, upgrade_guard
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -37,6 +37,20 @@ def packed_terms(inputs: dict):
     prediction each trained token is (`token_index`), its sampler log-prob and its advantage."""
     selected = inputs["token_index"] >= 0
     return inputs["token_index"][selected], inputs["old_log_probs"][selected], inputs["advantages"][selected]
+
+
+def trained_on_nothing(global_step: int, max_steps: int, batches_with_signal: int) -> str | None:
+    """Why a finished asynchronous run learned nothing from its rewards, or None (`learning_signal`'s verdict, for
+    the asynchronous trainer: TRL's rollout worker computes the rewards and advantages, so the trainer reads the
+    advantages it trains on)."""
+    if global_step == 0:
+        return ("AsyncRPGTrainer: the run took no optimizer step, so the model was trained on nothing "
+                f"(max_steps={max_steps}).")
+    if batches_with_signal == 0:
+        return ("AsyncRPGTrainer: every trained sample had advantage 0 (in every group the rewards were equal, or "
+                "unscored), so the model learned nothing from its rewards (only the KL term acted). Check the reward "
+                "functions against the data (rpg/trained_on_nothing is 1.0 in train()'s metrics).")
+    return None
 
 
 class AsyncRPGTrainer(AsyncGRPOTrainer):
@@ -58,6 +72,7 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         args = as_async_rpg_config(args, model)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         self.skipped_steps = 0
+        self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its
@@ -82,6 +97,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         for key, value in values.items():  # TRL's own `kl`, `entropy` and `clip_ratio/*` are logged by TRL
             if key.startswith("rpg/"):
                 self._metrics["train"][key].append(value)
+        signal = acc.reduce((advantages != 0).any().float().reshape(1), reduction="sum")
+        self.batches_with_signal += int(float(signal) > 0)
         return loss
 
     def _get_grad_norm(self, model, grad_norm=None):
@@ -95,10 +112,18 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         return grad_norm
 
     def train(self, *positional, **kwargs):
-        # Override: a user who swapped the import sees what this run optimises.
+        # Override: a user who swapped the import sees what this run optimises, and whether it learned from rewards.
         if self.is_world_process_zero():
             logger.warning(describe_async_objective(self.args))
-        return super().train(*positional, **kwargs)
+        self.batches_with_signal = 0
+        output = super().train(*positional, **kwargs)
+        error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
+        output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
+        if error:
+            output.metrics[learning_signal.TRAINED_ON_NOTHING_REASON] = error
+            if self.is_world_process_zero():
+                logger.warning(error)
+        return output
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         # Override: RPG's card (what TRL's carries, plus the RPG settings), as RPGTrainer writes it.
@@ -110,4 +135,4 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
                              settings=model_card.async_rpg_settings)
 
 
-__all__ = ["AsyncRPGTrainer", "packed_terms"]
+__all__ = ["AsyncRPGTrainer", "packed_terms", "trained_on_nothing"]
