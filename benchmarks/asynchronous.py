@@ -379,12 +379,13 @@ def plot(result: dict, path: str) -> str | None:
         for ax, table, key, signed in ((axes[0], summ["table"], "last", False), (axes[1], summ["paired"], "last",
                                                                                  True)):
             pts = [(st + dx, table[f"{st}|{m}"][key]) for st in s.staleness if f"{st}|{m}" in table]
-            if pts:
+            if pts:  # one colour per method in every panel
                 ax.errorbar([p[0] for p in pts], [p[1]["mean"] for p in pts], capsize=3, marker="o", label=m,
+                            color=f"C{i}",
                             yerr=[0 if math.isnan(p[1]["half_width"]) else p[1]["half_width"] for p in pts])
         pts = [(st, summ["table"][f"{st}|{m}"]["drift"].get("kl")) for st in s.staleness if f"{st}|{m}" in
                summ["table"]]
-        axes[2].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        axes[2].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m, color=f"C{i}")
     axes[1].axhline(0.0, color="grey", linewidth=1)
     axes[0].set(ylabel="final held-out accuracy (greedy)", title="Final accuracy (mean ± 95% CI)")
     axes[1].set(ylabel="final accuracy − AsyncGRPO's (same seed)", title="Paired difference to AsyncGRPO")
