@@ -301,7 +301,8 @@ def toy_rl_kwargs(s, seed: int, out: str, reuse: int, max_steps: int, overrides:
     return args
 
 
-def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), after_train=None) -> dict:
+def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), after_train=None,
+               evaluation_context=None) -> dict:
     """Train ``trainer_cls`` (``RPGTrainer``, ``GRPOTrainer`` or a subclass) from the seed's cached SFT start.
 
     Held-out accuracy is measured before training and every ``eval_every`` optimizer steps (and at the end).
@@ -311,7 +312,10 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     the logged values of ``log_keys`` (names; an entry ending in "/" is a prefix) as one
     dict per log call. ``after_train(trainer)`` may return more entries for the result (e.g. what a
     recording trainer subclass collected). A run that RPGTrainer finds learned nothing (``NoLearningSignal``) is a
-    result, with the reason in ``no_learning_signal`` (None otherwise).
+    result, with the reason in ``no_learning_signal`` (None otherwise). ``trainer_cls`` is called with the keyword
+    arguments ``model``, ``reward_funcs``, ``args``, ``train_dataset``, ``processing_class`` and ``callbacks`` (a
+    factory does for a trainer that needs more); ``evaluation_context(model)``, when given, is a context manager
+    entered around each held-out evaluation.
     """
     import hashlib
 
@@ -346,8 +350,11 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     eval_s = [0.0]
 
     def evaluate(step, model):
+        import contextlib
+
         t = time.perf_counter()
-        curve.append((step, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
+        with evaluation_context(model) if evaluation_context else contextlib.nullcontext():
+            curve.append((step, toy.evaluate_accuracy(model, tokenizer, eval_ds)))
         eval_s[0] += time.perf_counter() - t
 
     class Eval(TrainerCallback):

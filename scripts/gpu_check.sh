@@ -7,6 +7,9 @@
 #   bash scripts/gpu_check.sh --vllm       # instead: tests/test_vllm_generation.py's claims with real vLLM (colocate,
 #                                          # one GPU, vLLM installed; scripts/vllm_check.py); with --dry-run: on CPU
 #                                          # with the fake engine of tests/vllm_stub (plumbing only)
+#   bash scripts/gpu_check.sh --async      # instead: AsyncRPGTrainer with TRL's real rollout worker, a real `vllm serve`
+#                                          # (started here, LoRA sync) and the FA3 kernel (scripts/async_check.py);
+#                                          # with --dry-run: on CPU with the tests' stand-ins, no server (plumbing only)
 #
 # Environment: KEEP=1 keeps the work directory (model, per-run JSON); GPU=<index> picks the GPU (default 0).
 # Nothing is downloaded: the model is randomly initialised and saved locally first.
@@ -15,13 +18,15 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY_RUN=0
 VLLM=0
+ASYNC=0
 TRAINERS=(rpg grpo)
 for arg in "$@"; do
   case "$arg" in
     --dry-run|--tiny) DRY_RUN=1 ;;
     --with-rpg-initial) TRAINERS+=(rpg-initial) ;;
     --vllm) VLLM=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --async) ASYNC=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +59,45 @@ free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1
 
 start=$(date +%s)
 "$PYTHON" "$ROOT/scripts/gpu_check.py" make-model "$WORK/model" "${TINY[@]}"
+if [ "$ASYNC" = 1 ]; then
+  CHECK=("$PYTHON" "$ROOT/scripts/async_check.py")
+  "${CHECK[@]}" prepare --model "$WORK/model"
+  "${CHECK[@]}" kernel --model "$WORK/model" --out "$WORK/kernel.json"
+  SERVER=()
+  if [ "$DRY_RUN" = 0 ]; then
+    if ! "$PYTHON" -c "import vllm, kernels" 2>/dev/null; then
+      echo "[gpu_check] --async needs vLLM and kernels installed; --dry-run checks the script without them" >&2
+      exit 1
+    fi
+    PORT="$(free_port)"
+    SERVE="$("${CHECK[@]}" serve-command --model "$WORK/model" --port "$PORT")"
+    echo "[gpu_check] starting: $SERVE"
+    bash -c "exec $SERVE" > "$WORK/vllm-serve.log" 2>&1 &
+    SERVER_PID=$!
+    trap 'kill "$SERVER_PID" 2>/dev/null || true; cleanup' EXIT
+    for _ in $(seq 1 120); do
+      "$PYTHON" -c "import urllib.request; urllib.request.urlopen('http://localhost:$PORT/health', timeout=2)" \
+        2>/dev/null && break
+      kill -0 "$SERVER_PID" 2>/dev/null || { echo "[gpu_check] vllm serve exited:" >&2; tail -n 40 \
+        "$WORK/vllm-serve.log" >&2; exit 1; }
+      sleep 5
+    done
+    SERVER=(--server "http://localhost:$PORT")
+  fi
+  OUTS=("$WORK/kernel.json")
+  for trainer in rpg grpo; do
+    echo "[gpu_check] async check: $trainer ..."
+    "${CHECK[@]}" train --trainer "$trainer" --model "$WORK/model" --out "$WORK/async-$trainer.json" \
+      "${SERVER[@]}" "${TINY[@]}" > "$WORK/async-$trainer.log" 2>&1 || {
+        echo "[gpu_check] $trainer failed; last lines of its log:" >&2; tail -n 40 "$WORK/async-$trainer.log" >&2
+        exit 1; }
+    OUTS+=("$WORK/async-$trainer.json")
+  done
+  status=0
+  "${CHECK[@]}" report "${OUTS[@]}" || status=$?
+  echo "[gpu_check] done in $(( $(date +%s) - start )) s"
+  exit "$status"
+fi
 if [ "$VLLM" = 1 ]; then
   if [ "$DRY_RUN" = 1 ]; then
     export PYTHONPATH="$ROOT/tests/vllm_stub:$PYTHONPATH"  # the fake engine, as the CPU tests use it

@@ -2,14 +2,15 @@
 
 `RPGTrainer` / `RPGConfig` are drop-in replacements for TRL's `GRPOTrainer` / `GRPOConfig` that train with the RPG
 objectives of Zhang et al., "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning"
-(ICLR 2026, arXiv:2505.17508). The objective library `trl_rpg.objectives` is torch-only.
+(ICLR 2026, arXiv:2505.17508); `AsyncRPGTrainer` / `AsyncRPGConfig` do the same for TRL's asynchronous trainer
+(`trl.experimental.async_grpo`). The objective library `trl_rpg.objectives` is torch-only.
 """
 
 from .objectives import rpg_per_token_loss
 
 __version__ = "0.1.0"
 
-__all__ = ["RPGConfig", "RPGTrainer", "rpg_per_token_loss", "__version__"]
+__all__ = ["AsyncRPGConfig", "AsyncRPGTrainer", "RPGConfig", "RPGTrainer", "rpg_per_token_loss", "__version__"]
 
 
 def __getattr__(name):
@@ -22,4 +23,13 @@ def __getattr__(name):
         from .trainer import RPGTrainer
 
         return RPGTrainer
+    # The asynchronous trainer imports `trl.experimental` (and its warning): only when asked for
+    if name == "AsyncRPGConfig":
+        from .async_config import AsyncRPGConfig
+
+        return AsyncRPGConfig
+    if name == "AsyncRPGTrainer":
+        from .async_trainer import AsyncRPGTrainer
+
+        return AsyncRPGTrainer
     raise AttributeError(f"module 'trl_rpg' has no attribute {name!r}")

@@ -135,6 +135,39 @@ def capture_return(obj: Any, method: str) -> Iterator[list]:
         delattr(obj, method)  # the class's method is visible again
 
 
+def recording(fn) -> tuple[Any, list]:
+    """`(call, returned)`: `call(...)` calls `fn(...)` and also appends its return value to `returned`.
+
+    `AsyncGRPOTrainer.compute_loss(model, inputs)` returns only its loss; `AsyncRPGTrainer` hands it `call` for
+    `model` to read the model output its loss came from (the log-probs and entropies of the packed tokens).
+    """
+    returned: list = []
+
+    def call(*args, **kwargs):
+        value = fn(*args, **kwargs)
+        returned.append(value)
+        return value
+
+    return call, returned
+
+
+@contextmanager
+def async_trainer_on_cpu(varlen_attention) -> Iterator[None]:
+    """Within the block, TRL's asynchronous trainer runs on CPU: its packed attention calls `varlen_attention`'s
+    `flash_attn_varlen_func` instead of the FA3 kernel that `trl.experimental.async_grpo.packing._flash_attn` loads
+    from the Hub (GPU only), and its MFU metric is off (`async_grpo_trainer.get_peak_flops_per_device` asks CUDA for
+    the device's name). For tests and CPU benchmarks (`trl_rpg.toy.async_rollouts.VarlenAttention`)."""
+    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    saved = packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device
+    packing._flash_attn = lambda: varlen_attention
+    async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None
+    try:
+        yield
+    finally:
+        packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device = saved
+
+
 def missing_internals(trainer_class, trainer=None) -> list[str]:
     """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
     missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
@@ -148,6 +181,7 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 __all__ = [
     "CALLED", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS",
     "OVERRIDDEN", "deepspeed_checkpoint_types",
-    "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "is_async_callable",
+    "PREFIX_CHECKPOINT_DIR", "async_trainer_on_cpu", "capture_return", "recording", "disable_gradient_checkpointing",
+    "is_async_callable",
     "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "trl_sees_beta", "use_adapter",
 ]

@@ -5,27 +5,30 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl import GRPOConfig
 
 from .describe import inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
-from .objectives import DIVERGENCES, ESTIMATORS
+from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTHS: importable from here as before)
+    MIN_CLIP_WIDTH,
+    PAPER_CLIP_WIDTHS,
+    beta_field,
+    check_objective,
+    divergence_field,
+    dual_clip_field,
+    epsilon_field,
+    epsilon_high_field,
+    estimator_field,
+    resolve_clip_widths,
+)
+from .objective_config import config_field as _field
+from .objective_config import finite as _finite
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
 AGGREGATION_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 DYNAMIC_SAMPLING_ON_EXHAUSTED = ("train", "raise")
-#: The smallest clip width (`epsilon`, `epsilon_high`): float32's machine epsilon 2^-23, the spacing of float32 numbers
-#: above 1. The ratio and its bounds are compared in float32 (`objectives.rpg_per_token_loss` computes in at least
-#: float32), where 1 + 1e-8 == 1: a smaller width is no trust region at all, or is rounded up to this one.
-MIN_CLIP_WIDTH = 2.0**-23
-
-
-def _field(default, help_text: str, choices: list | None = None):
-    """A config field with its `--help` text (and the allowed values, when there is a fixed set)."""
-    metadata = {"help": help_text} if choices is None else {"help": help_text, "choices": choices}
-    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -136,17 +139,9 @@ class RPGConfig(GRPOConfig):
     """
 
     # ---- GRPOConfig fields whose defaults change (the paper's setup) ----
-    beta: float = _field(1e-4, "KL coefficient beta of the RPG objective E[A] - beta * D. The paper uses 1e-4.")
-    epsilon: float | None = _field(
-        None,
-        "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + epsilon_high]. "
-        "Default 0.2 (the paper's).",
-    )
-    epsilon_high: float | None = _field(
-        None,
-        "Upper clip width eps_high (> 0). Default: 0.28 (the paper's clip-higher) when `epsilon` is not set either; "
-        "equal to `epsilon` when only `epsilon` is set, as in GRPOConfig.",
-    )
+    beta: float = beta_field()
+    epsilon: float | None = epsilon_field()
+    epsilon_high: float | None = epsilon_high_field()
     scale_rewards: str = _field(
         "none",
         "Reward scaling: 'none' (RPG default: advantage = reward - group mean), 'group' or 'batch' (divide by the "
@@ -160,20 +155,9 @@ class RPGConfig(GRPOConfig):
     )
 
     # ---- RPG objective ----
-    rpg_divergence: str = _field(
-        "urkl",
-        "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised).",
-        choices=list(DIVERGENCES),
-    )
-    rpg_estimator: str = _field(
-        "reinforce",
-        "Gradient estimator: 'reinforce' (stop-gradient, RPG-REINFORCE) or 'differentiable'.",
-        choices=list(ESTIMATORS),
-    )
-    rpg_dual_clip_c: float | None = _field(
-        10.0,
-        "Dual-clip bound c > 1 for negative effective advantages; None disables it.",
-    )
+    rpg_divergence: str = divergence_field()
+    rpg_estimator: str = estimator_field()
+    rpg_dual_clip_c: float | None = dual_clip_field()
 
     # ---- Reference policy ----
     rpg_reference: str = _field(
@@ -261,34 +245,13 @@ class RPGConfig(GRPOConfig):
         def bad(name, value, allowed):
             raise ValueError(f"RPGConfig: `{name}`={value!r} is not allowed; {allowed}.")
 
-        if self.rpg_divergence not in DIVERGENCES:
-            bad("rpg_divergence", self.rpg_divergence, f"choose one of {list(DIVERGENCES)}")
-        if self.rpg_estimator not in ESTIMATORS:
-            bad("rpg_estimator", self.rpg_estimator, f"choose one of {list(ESTIMATORS)}")
+        check_objective(self, "RPGConfig")
         if self.rpg_reference not in REFERENCE_MODES:
             bad("rpg_reference", self.rpg_reference, f"choose one of {list(REFERENCE_MODES)}")
         if self.loss_type not in AGGREGATION_LOSS_TYPES:
             bad("loss_type", self.loss_type,
                 f"RPG defines its own per-token loss; `loss_type` only selects the aggregation, one of "
                 f"{list(AGGREGATION_LOSS_TYPES)} (use GRPOTrainer for '{self.loss_type}')")
-        if not _finite(self.beta) or self.beta < 0:
-            bad("beta", self.beta, "it must be a finite number >= 0")
-        # A zero width puts w = 1 on the clip boundary: on-policy tokens would get no gradient (docs/math.md sec. 3)
-        if not _finite(self.epsilon) or self.epsilon <= 0:
-            bad("epsilon", self.epsilon, "it must be a finite number > 0 (the lower clip width eps_low; with 0, "
-                                         "every on-policy token would sit on the clip boundary and get no gradient)")
-        if not _finite(self.epsilon_high) or self.epsilon_high <= 0:
-            bad("epsilon_high", self.epsilon_high, "it must be a finite number > 0 (the upper clip width eps_high; "
-                                                   "with 0, on-policy tokens would get no gradient)")
-        for name in ("epsilon", "epsilon_high"):  # a width float32 rounds away is not the width set
-            if getattr(self, name) < MIN_CLIP_WIDTH:
-                bad(name, getattr(self, name),
-                    f"it must be at least {MIN_CLIP_WIDTH:.3g} (2^-23, float32's resolution at 1): RPG compares the "
-                    "ratio w with 1 - epsilon and 1 + epsilon_high in float32 (bfloat16 log-probs are upcast), where "
-                    "a smaller width is rounded (1 + 1e-8 is 1: every on-policy token, w = 1, would sit on the clip "
-                    "boundary and get no gradient)")
-        if self.rpg_dual_clip_c is not None and (not _finite(self.rpg_dual_clip_c) or self.rpg_dual_clip_c <= 1):
-            bad("rpg_dual_clip_c", self.rpg_dual_clip_c, "it must be a number > 1, or None to disable dual-clip")
 
         ref = self.rpg_reference
         if ref != "sampling" and self.beta == 0:
@@ -369,27 +332,6 @@ def as_rpg_config(args, model) -> RPGConfig:
     if not isinstance(args, GRPOConfig):
         raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
     return RPGConfig.from_grpo_config(args)
-
-
-#: The paper's trust region (eps_low, eps_high): RPGConfig's default when neither width is set.
-PAPER_CLIP_WIDTHS = (0.2, 0.28)
-
-
-def resolve_clip_widths(epsilon: float | None, epsilon_high: float | None) -> tuple[float, float]:
-    """The trust region `(eps_low, eps_high)` from the two config fields (None = not set).
-
-    Neither set: the paper's (0.2, 0.28). Only `epsilon` set: symmetric, `(epsilon, epsilon)`, as a GRPO user who
-    sets only `epsilon` expects. Only `epsilon_high` set: `(0.2, epsilon_high)`. Both set: as given.
-    """
-    if epsilon is None and epsilon_high is None:
-        return PAPER_CLIP_WIDTHS
-    if epsilon is None:
-        return PAPER_CLIP_WIDTHS[0], epsilon_high
-    return epsilon, epsilon if epsilon_high is None else epsilon_high
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _positive_int(x) -> bool:

@@ -152,15 +152,25 @@ def _scale_clause(args) -> str:
     return f": {note}" if note else ""
 
 
+def objective_text(args) -> str:
+    """What both trainers' start-up lines say first: the objective, its divergence, estimator and beta."""
+    title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
+    return (f"optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
+            f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}")
+
+
+def clip_text(args) -> str:
+    """The trust region and the dual-clip bound, as both trainers' start-up lines say them."""
+    dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
+    return f"clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}"
+
+
 def describe_objective(args) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
-    title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
-    dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
-    line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
-            f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}, reference: "
+    line = (f"RPGTrainer: {objective_text(args)}, reference: "
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
-            f"{batch_layout(args).describe(args)}; clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
+            f"{batch_layout(args).describe(args)}; {clip_text(args)}; "
             f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
     if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
         line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
@@ -170,6 +180,21 @@ def describe_objective(args) -> str:
         why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
                "reference refreshed to the policy after every optimizer step")
         line += f" The KL term has zero expected gradient here ({why})."
+    return line
+
+
+def describe_async_objective(args) -> str:
+    """`AsyncRPGTrainer`'s start-up line: the objective, the reference (the sampler of each sample), the staleness
+    allowed, the clip, the advantages and the loss, and whether the settings make it train as `AsyncGRPOTrainer`."""
+    line = (f"AsyncRPGTrainer: {objective_text(args)}, reference: the policy version that sampled each sample "
+            f"(rpg_reference='sampling', rho = 1; w = pi_theta/mu exact at any staleness); samples at most "
+            f"max_staleness={args.max_staleness} versions old, weights synced every weight_sync_steps="
+            f"{args.weight_sync_steps} optimizer step(s); {clip_text(args)}; advantages: the rollout worker's "
+            "((reward - group mean) / group std); loss: token mean over each micro-batch's trained tokens (TRL's).")
+    if args.beta == 0 and args.rpg_dual_clip_c is None:
+        line += " With beta=0 and no dual clip this trains as AsyncGRPOTrainer (the PPO clip's gradient)."
+    elif args.beta == 0:
+        line += " beta=0: no KL regularisation."
     return line
 
 
@@ -183,5 +208,6 @@ def _advantage_text(args) -> str:
             f"{args.scale_rewards!r}{_scale_clause(args)})")
 
 
-__all__ = ["BatchLayout", "batch_layout", "describe_objective", "inert_kl_reason", "inert_kl_warning",
-           "kl_term_is_inert", "truncated_sampling", "truncated_sampling_warning"]
+__all__ = ["BatchLayout", "batch_layout", "clip_text", "describe_async_objective", "describe_objective",
+           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "truncated_sampling",
+           "truncated_sampling_warning"]

@@ -36,4 +36,19 @@ def drop_gradients(model: nn.Module) -> None:
         param.grad = None
 
 
-__all__ = ["drop_gradients", "should_skip"]
+def skip_step(model: nn.Module, grad_norm, deepspeed: bool, has_scaler: bool) -> bool:
+    """The guard of both trainers, after `Trainer._get_grad_norm`: when `should_skip`, drop the gradients (the
+    step becomes a no-op) and return True."""
+    skipped = should_skip(grad_norm, deepspeed, has_scaler)
+    if skipped:
+        drop_gradients(model)
+    return skipped
+
+
+def skipped_warning(trainer: str, grad_norm, step: int, skipped: int) -> str:
+    """The warning of a skipped step: `skipped` steps so far, this one (`step`, 1-based) included."""
+    return (f"{trainer}: the gradient norm is {float(grad_norm)} at step {step}; optimizer step skipped ({skipped} so "
+            "far).")
+
+
+__all__ = ["drop_gradients", "should_skip", "skip_step", "skipped_warning"]

@@ -5,7 +5,8 @@ TRL 1.16's `GRPOTrainer._compute_loss` defines it, so that with `beta = 0`, the 
 dual clip an RPG run trains exactly as a GRPO run (tests/test_grpo_equivalence.py):
 
 - `sequence_level_logps`: GSPO-style ratios (`importance_sampling_level="sequence"`);
-- `aggregate`: the `loss_type` aggregations and their gradient-accumulation normalisation;
+- `aggregate`: the `loss_type` aggregations and their gradient-accumulation normalisation; `packed_token_mean`: the
+  asynchronous trainer's token mean (`AsyncRPGTrainer`);
 - `entropy_bonus`, `applied_entropy_coef`, `entropy_window`, `window_entropy`, `next_entropy_coef`: TRL's static
   and adaptive entropy bonus, whose state stays in TRL's trainer attributes (TRL checkpoints it);
 - `metric_sums` / `metrics` / `reduced_metrics`: what is logged, under `rpg/` and under TRL's own names;
@@ -71,6 +72,16 @@ def aggregate(per_token_loss: torch.Tensor, mask: torch.Tensor, how: Aggregation
     else:
         raise ValueError(f"Unknown aggregation loss_type {how.loss_type!r}.")
     return loss / how.accumulation_steps, loss.detach()
+
+
+def packed_token_mean(per_token_loss: torch.Tensor, global_tokens: torch.Tensor, num_processes: int,
+                      accumulation_steps: int) -> torch.Tensor:
+    """The micro-batch loss of TRL's asynchronous trainer (`AsyncGRPOTrainer.compute_loss`, TRL 1.16): the sum over
+    this process's trained tokens divided by the tokens per process of the whole micro-batch (`global_tokens /
+    num_processes`, at least 1: after DDP's averaging, a token mean over all processes) and by the accumulation
+    steps (the trainer scales for gradient accumulation itself)."""
+    tokens_per_process = (global_tokens / num_processes).clamp(min=1.0)
+    return per_token_loss.sum() / tokens_per_process.to(torch.float32) / accumulation_steps
 
 
 def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, coef: float, accumulation_steps: int) -> torch.Tensor:
@@ -216,5 +227,5 @@ def nan_extremum(values: torch.Tensor, largest: bool) -> float:
 
 __all__ = ["EVENT_METRIC_PREFIXES", "EXTREMA", "Aggregation", "aggregate", "appended_means", "applied_entropy_coef",
            "carry_forward", "combine_extrema", "entropy_bonus", "entropy_window", "extremum_stats", "metric_sums",
-           "metrics", "nan_extremum", "next_entropy_coef", "reduced_metrics", "sequence_level_logps",
-           "window_entropy"]
+           "metrics", "nan_extremum", "next_entropy_coef", "packed_token_mean", "reduced_metrics",
+           "sequence_level_logps", "window_entropy"]

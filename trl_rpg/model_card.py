@@ -52,7 +52,7 @@ TEMPLATE = """\
 # Model Card for {{ title }}
 
 This model is a fine-tuned version of {{ base_model_text }}{{ hub_dataset_text }}.
-It {{ trained_on_text }}[TRL](https://github.com/huggingface/trl) and trl-rpg's `RPGTrainer`.{% if adapter %} \
+It {{ trained_on_text }}[TRL](https://github.com/huggingface/trl) and trl-rpg's `{{ trainer }}`.{% if adapter %} \
 This repository holds a LoRA adapter (PEFT), not full weights: it loads on top of the base model (`pip install \
 peft`).{% endif %}
 
@@ -72,7 +72,7 @@ print(output["generated_text"])
 
 {{ tracker_badges }}
 This model was trained with RPG, a method introduced in [{{ paper_title }}](https://huggingface.co/papers/{{ paper_id \
-}}), with `trl_rpg.RPGTrainer`, a subclass of TRL's `GRPOTrainer`.
+}}), with `trl_rpg.{{ trainer }}`, a subclass of TRL's `{{ trl_trainer }}`.
 
 ### Framework versions
 
@@ -245,11 +245,36 @@ def rpg_settings(args, beta: float, adapter: bool = False) -> str:
         """)
 
 
+def async_rpg_settings(args, beta: float, adapter: bool = False) -> str:
+    """`AsyncRPGTrainer`'s "RPG settings" section: the objective, the staleness allowed and what is saved."""
+    output = "LoRA adapter (PEFT): load it on top of the base model" if adapter else "full model weights"
+    clip = (args.epsilon, args.epsilon_high, args.rpg_dual_clip_c)
+    return textwrap.dedent(f"""
+        ## RPG settings
+
+        Trained with RPG ([arXiv:2505.17508](https://huggingface.co/papers/2505.17508)) via `trl_rpg.AsyncRPGTrainer`
+        (asynchronous rollouts from a vLLM server):
+
+        | setting | value |
+        |---|---|
+        | divergence | `{args.rpg_divergence}` |
+        | estimator | `{args.rpg_estimator}` |
+        | reference policy | `sampling` (the policy version that sampled each sample) |
+        | beta | `{beta}` |
+        | clip (eps_low, eps_high, c) | `{clip}` |
+        | staleness allowed (`max_staleness`) | `{args.max_staleness}` |
+        | advantage | the rollout worker's: (reward - group mean) / group std |
+        | saved output | {output} |
+        """)
+
+
 def render(args, *, base_model: str | None, model_name: str | None, dataset_name: str | None, load_as: str,
-           tags: list[str], adapter: bool = False, trackers: dict[str, str] | None = None):
+           tags: list[str], adapter: bool = False, trackers: dict[str, str] | None = None,
+           trainer: str = "RPGTrainer", trl_trainer: str = "GRPOTrainer", settings=rpg_settings):
     """The card (a `huggingface_hub.ModelCard`) of a run with config `args`, trained from `base_model` (the model's
     `_name_or_path`: a Hub id, a local folder, or empty for a model built in code) on `dataset_name`, to be loaded as
-    `load_as`."""
+    `load_as`; `trainer` (subclass of TRL's `trl_trainer`) trained it, `settings(args, beta, adapter)` is its RPG
+    settings section."""
     from huggingface_hub import ModelCard, ModelCardData
 
     base_id, dataset_id = hub_repo_id(base_model), hub_repo_id(dataset_name)
@@ -271,27 +296,29 @@ def render(args, *, base_model: str | None, model_name: str | None, dataset_name
         base_model_text=base_model_text,
         hub_dataset_text=f" on the [{dataset_id}](https://huggingface.co/datasets/{dataset_id}) dataset"
         if dataset_id else "",
-        trained_on_text=trained_on_text, adapter=adapter, quick_start_model=python_string(load_as),
+        trained_on_text=trained_on_text, adapter=adapter, quick_start_model=python_string(load_as), trainer=trainer,
+        trl_trainer=trl_trainer,
         tracker_badges="\n".join(_BADGES[name].format(url=url) for name, url in (trackers or {}).items()),
         paper_title=RPG_PAPER["title"], paper_id=RPG_PAPER["id"],
         framework_versions="\n".join(f"- {label}: {_version(package)}" for package, label in _FRAMEWORKS)
         + (f"\n- PEFT: {_version('peft')}" if adapter else ""),
-        rpg_settings=rpg_settings(args, args.beta, adapter), rpg_citation=RPG_PAPER["citation"],
+        rpg_settings=settings(args, args.beta, adapter), rpg_citation=RPG_PAPER["citation"],
         trl_citation=TRL_CITATION)
 
 
 def write(path: str, args, model, *, load_as: str, model_name: str | None, dataset_name: str | None, tags,
-          trainer_tags) -> None:
-    """Render the card of `model` (unwrapped: a PEFT model makes an adapter's card) and save it at `path`."""
+          trainer_tags, **trainer) -> None:
+    """Render the card of `model` (unwrapped: a PEFT model makes an adapter's card) and save it at `path`;
+    `trainer`: `render`'s `trainer`, `trl_trainer` and `settings`."""
     from accelerate.utils import is_peft_model
 
     trackers = tracker_urls()
     card = render(args, base_model=getattr(model.config, "_name_or_path", None) or None, model_name=model_name,
                   dataset_name=dataset_name, load_as=load_as,
                   tags=card_tags(tags, trainer_tags, model.config, trackers.get("trackio")),
-                  adapter=is_peft_model(model), trackers=trackers)
+                  adapter=is_peft_model(model), trackers=trackers, **trainer)
     card.save(path)
 
 
-__all__ = ["RPG_PAPER", "TEMPLATE", "TRL_CITATION", "card_tags", "hub_repo_id", "markdown_text", "python_string",
-           "render", "rpg_settings", "tracker_urls", "write"]
+__all__ = ["RPG_PAPER", "TEMPLATE", "TRL_CITATION", "async_rpg_settings", "card_tags", "hub_repo_id",
+           "markdown_text", "python_string", "render", "rpg_settings", "tracker_urls", "write"]

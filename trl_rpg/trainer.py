@@ -246,13 +246,13 @@ class RPGTrainer(GRPOTrainer):
     def _get_grad_norm(self, model, grad_norm=None):
         # Override: the non-finite-gradient guard, on the norm clipping just computed (no extra pass).
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        skipped = gradient_guard.should_skip(grad_norm, self.is_deepspeed_enabled, self.accelerator.scaler is not None)
+        skipped = gradient_guard.skip_step(model, grad_norm, self.is_deepspeed_enabled,
+                                           self.accelerator.scaler is not None)
         if skipped:
-            gradient_guard.drop_gradients(model)
             self.skipped_steps += 1
             self._metrics["train"]["rpg/skipped_steps"].append(float(self.skipped_steps))
-            logger.warning("RPGTrainer: the gradient norm is %s at step %d; optimizer step skipped (%d so far).",
-                           float(grad_norm), self.state.global_step + 1, self.skipped_steps)
+            logger.warning(gradient_guard.skipped_warning("RPGTrainer", grad_norm, self.state.global_step + 1,
+                                                          self.skipped_steps))
         saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
         saved[key], warning = self._signal.end_step(skipped, saved.get(key),
                                                     zero_gradient=learning_signal.gradient_is_zero(grad_norm))
