@@ -24,6 +24,9 @@ import trl
 from trl import GRPOTrainer
 
 _VLLM = "self.use_vllm and self.vllm_importance_sampling_correction"
+_OLD = ("        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else "
+        "old_per_token_logps\n")
+_RATIO = "\n            output[\"importance_sampling_ratio\"]"
 
 PR_5413 = {
     "_generate_and_score_completions": [
@@ -33,14 +36,12 @@ PR_5413 = {
          f"            if {_VLLM} and old_per_token_logps is not None:\n                mask = completion_mask"),
         (f"        if {_VLLM}:\n            delta = torch.abs(",
          f"        if {_VLLM} and old_per_token_logps is not None:\n            delta = torch.abs("),
-        (f"        if {_VLLM}:\n            output[\"importance_sampling_ratio\"]",
-         f"        if {_VLLM} and old_per_token_logps is not None:\n            output[\"importance_sampling_ratio\"]"),
+        (f"        if {_VLLM}:{_RATIO}", f"        if {_VLLM} and old_per_token_logps is not None:{_RATIO}"),
     ],
     "_compute_loss": [
-        ("        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps\n",
-         "        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps\n"
-         f"        if {_VLLM} and \"importance_sampling_ratio\" not in inputs:\n"
-         "            diff = torch.nan_to_num((old_per_token_logps - inputs[\"sampling_per_token_logps\"]) * mask, nan=0.0)\n"
+        (_OLD, _OLD + f"        if {_VLLM} and \"importance_sampling_ratio\" not in inputs:\n"
+         "            diff = old_per_token_logps - inputs[\"sampling_per_token_logps\"]\n"
+         "            diff = torch.nan_to_num(diff * mask, nan=0.0)\n"
          "            inputs[\"old_per_token_logps\"] = old_per_token_logps\n"
          "            inputs[\"importance_sampling_ratio\"] = torch.exp(diff).clamp(\n"
          "                min=self.vllm_importance_sampling_clip_min, max=self.vllm_importance_sampling_clip_max)\n"),

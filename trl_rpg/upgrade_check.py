@@ -209,7 +209,7 @@ def reduction(ctx: CheckContext) -> str | None:
     rpg = _rpg_run(ctx)
     moved, diff = _max_difference(grpo["after"], grpo["before"]), _max_difference(rpg["after"], grpo["after"])
     if moved < MIN_MOVEMENT:
-        return f"GRPOTrainer barely trained (largest parameter change {moved:.3g} < {MIN_MOVEMENT}): nothing to compare"
+        return f"GRPOTrainer barely trained (largest change {moved:.3g} < {MIN_MOVEMENT}): nothing to compare"
     if diff > PARAM_ATOL:
         return (f"RPG and GRPO parameters differ by {diff:.3g} (> {PARAM_ATOL}) after 2 optimizer steps on one reused "
                 f"generation batch: GRPO's loss, batch reuse or accumulation no longer trains as RPG's does")
@@ -293,24 +293,27 @@ def generation_batch(ctx: CheckContext) -> str | None:
     from .batch import unknown_fields
 
     trainer = _batch_trainer(ctx)
-    problems = []
+    problems, lacking = [], {}
     for mode in ("token_truncate", "sequence_mask"):  # on-policy: TRL still scores old log-probs for the ratio
         batch = _generate(trainer, **_simulated_vllm(trainer, mode))
         missing = [k for k in ("old_per_token_logps", "importance_sampling_ratio", "sampling_per_token_logps")
                    if batch.get(k) is None]
         if missing:
-            problems.append(f"under vLLM's importance-sampling correction ({mode}, on-policy) the batch lacks "
-                            f"{', '.join(missing)} (RPG's loss weighs every term by importance_sampling_ratio)")
+            lacking.setdefault(", ".join(missing), []).append(mode)
             continue
         mask = batch["completion_mask"].float()
         want = _vllm_ratio(batch["old_per_token_logps"], batch["sampling_per_token_logps"], mask, mode,
                            trainer.vllm_importance_sampling_clip_min, trainer.vllm_importance_sampling_clip_max)
         got = batch["importance_sampling_ratio"]
         if not _close(got * (mask if got.size(-1) > 1 else 1), want * (mask if want.size(-1) > 1 else 1)):
-            problems.append(f"importance_sampling_ratio ({mode}) is not pi_old / mu {'truncated' if 'trunc' in mode else 'masked'} "
-                            f"at vllm_importance_sampling_clip_max (RPG weighs its loss by it)")
+            level, bound = mode.split("_")
+            problems.append(f"importance_sampling_ratio ({mode}) is not pi_old / mu per {level}, {bound}d at "
+                            "vllm_importance_sampling_clip_min/max (RPG weighs its loss by it)")
         if not _close(batch["old_per_token_logps"] * mask, _logps(trainer, batch) * mask):
             problems.append("old_per_token_logps are not the policy's log-probs at generation")
+    problems = [f"under vLLM's importance-sampling correction ({', '.join(modes)}; on-policy) the batch lacks "
+                f"{fields} (RPG's loss weighs every term by importance_sampling_ratio)"
+                for fields, modes in lacking.items()] + problems
     batch = _generate(trainer, num_iterations=2)  # each batch used twice: off-policy
     mask = batch["completion_mask"].float()
     if batch.get("old_per_token_logps") is None:
@@ -384,8 +387,8 @@ def grpo_kl_term(ctx: CheckContext) -> str | None:
             grad_gap = max((a - b).abs().max().item() for a, b in zip(got_grad, want_grad))
             if not _close(got, want.detach()) or grad_gap > VALUE_RTOL * scale + 1e-9:
                 problems.append(f"at importance_sampling_level='{level}' GRPO's KL term is not beta x k3 weighted by "
-                                f"its {level}-level importance ratio, outside vLLM's correction (value {got.item():.6g}"
-                                f", expected {want.item():.6g}; gradient off by {grad_gap:.3g})")
+                                f"its {level}-level importance ratio, outside vLLM's correction (value "
+                                f"{got.item():.6g}, expected {want.item():.6g}; gradient off by {grad_gap:.3g})")
     finally:
         for name, value in saved.items():
             setattr(trainer, name, value)
@@ -473,9 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m trl_rpg.upgrade_check` reads `{"properties": [[name, why, target], ...]}` on stdin and prints the
     results and the digests of the methods it saw on one line after `RESULT_PREFIX`."""
     import logging
+    import os
 
-    from . import upgrade_guard
+    from . import upgrade_guard, upgrade_verdict
 
+    os.environ[upgrade_verdict.IN_CHECK_ENV] = "1"  # the trainers built here must not ask for a verdict again
     logging.disable(logging.WARNING)
     request = json.loads(sys.stdin.read())
     properties = [Property(*item) for item in request["properties"]]
