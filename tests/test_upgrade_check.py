@@ -117,6 +117,38 @@ def test_trl_changed_as_pr_7188_fails_the_kl_term_property():
     assert "token'" not in result["detail"]  # token level: unchanged by the PR
 
 
+#: GRPO's 'dapo' normaliser without the accumulation factor: an aggregation RPG's own loss would not follow.
+DAPO_NORMALISER = {"_compute_loss": [(
+    "normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation",
+    "normalizer = normalizer / self.args.steps_per_generation")]}
+
+
+def test_the_reviewed_trl_keeps_the_generation_batch_and_the_kl_term():
+    results = run_properties(_properties("generation_batch", "grpo_kl_term"))
+    assert [r["passed"] for r in results] == [True, True], results
+
+
+def test_a_trl_that_trains_otherwise_or_drops_the_restored_buffer_fails_reduction_and_resume():
+    """GRPO's aggregation changed: RPG (which replaces the loss) no longer trains to GRPO's parameters. Every `train()`
+    starting from a fresh generation batch: a run resumed mid-batch regenerates instead of reusing RPG's buffer."""
+
+    class DropsTheBuffer(patched_class(DAPO_NORMALISER)):
+        def train(self, *args, **kwargs):
+            self.fresh_start = True
+            return super().train(*args, **kwargs)
+
+        def _prepare_inputs(self, generation_batch):
+            if getattr(self, "fresh_start", False):
+                self._buffered_inputs, self.fresh_start = None, False
+            return super()._prepare_inputs(generation_batch)
+
+    context = CheckContext(DropsTheBuffer, type("PatchedRPGTrainer", (RPGTrainer, DropsTheBuffer), {}), "")
+    reduction, resume = run_properties(_properties("reduction", "checkpoint_resume"), context)
+    assert reduction["detail"].startswith("RPG and GRPO parameters differ by ")
+    assert resume["detail"] == ("the resumed run generated a new batch instead of reusing the generation buffer RPG "
+                                "restored")
+
+
 def test_a_failed_verdict_refuses_naming_the_property(monkeypatch):
     monkeypatch.delenv(upgrade_guard.ALLOW_ENV, raising=False)
     monkeypatch.setattr(upgrade_guard, "changed_methods", lambda owners, methods: ["GRPOTrainer._compute_loss"])
