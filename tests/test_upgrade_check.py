@@ -19,9 +19,10 @@ import pytest
 from _trl_patches import PR_5413, PR_7188, patched_class, patched_copy
 from trl import GRPOTrainer
 
-from trl_rpg import upgrade_check, upgrade_guard, upgrade_verdict
+from trl_rpg import upgrade_guard, upgrade_verdict
 from trl_rpg.trainer import RPGTrainer
-from trl_rpg.upgrade_check import PROPERTIES, CheckContext, run_properties
+from trl_rpg.upgrade_check import PROPERTIES, CheckContext
+from trl_rpg.upgrade_verdict import run_properties
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "_unreviewed_trl_script.py"
@@ -86,10 +87,10 @@ def test_a_copy_of_trl_changed_as_prs_5413_and_7188_is_refused_naming_each_prope
                         "1.18.0.dev0")
     request = json.dumps({"properties": [[p.name, p.why, p.target] for p in _properties("generation_batch",
                                                                                          "grpo_kl_term")]})
-    done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_check"], input=request, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_verdict"], input=request, capture_output=True,
                           text=True, env=_environment(site, tmp_path), timeout=900)
-    line = [x for x in done.stdout.splitlines() if x.startswith(upgrade_check.RESULT_PREFIX)][-1]
-    results = {r["name"]: r for r in json.loads(line[len(upgrade_check.RESULT_PREFIX):])["results"]}
+    line = [x for x in done.stdout.splitlines() if x.startswith(upgrade_verdict.RESULT_PREFIX)][-1]
+    results = {r["name"]: r for r in json.loads(line[len(upgrade_verdict.RESULT_PREFIX):])["results"]}
     assert not results["generation_batch"]["passed"] and not results["grpo_kl_term"]["passed"]
     assert "lacks old_per_token_logps, importance_sampling_ratio" in results["generation_batch"]["detail"]
     assert "importance_sampling_level='sequence'" in results["grpo_kl_term"]["detail"]

@@ -14,18 +14,14 @@ built in memory (`trl_rpg.toy`; nothing downloaded, nothing written but a tempor
 Completions are a fixed function of the prompt (`_Scripted`), so the two trainers of a pair see the same data and
 a float difference in the parameters can never flip a token; the optimizer is plain SGD without clipping, so a
 wrong constant factor in a loss moves the parameters differently. A property returns `None` when it holds, else
-what it saw. `upgrade_verdict` runs `python -m trl_rpg.upgrade_check` in a fresh process (no process group, no GPU,
-no telemetry), caches the verdict and reads it; another trainer registers its own properties there.
+what it saw. `upgrade_verdict` runs them in a fresh process (no process group, no GPU, no telemetry) and caches the
+verdict. Another trainer registers its own properties (`register_properties`).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import sys
-import tempfile
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +29,6 @@ from types import SimpleNamespace
 
 import torch
 
-#: Marks the result line `main` prints (the rest of the output is the libraries' logging).
-RESULT_PREFIX = "TRL_RPG_SELF_CHECK_RESULT "
 #: Parameters must agree to this (float32; the reduction computes the same operations: measured 0.0).
 PARAM_ATOL = 1e-5
 #: ...and move by at least this much, so that a difference cannot hide under the tolerance.
@@ -454,46 +448,5 @@ def default_context(workdir: str) -> CheckContext:
     return CheckContext(grpo_class=GRPOTrainer, rpg_class=RPGTrainer, workdir=workdir)
 
 
-def run_properties(properties, context: CheckContext | None = None) -> list[dict]:
-    """Each property's result: `{"name", "passed", "detail"}` (an exception is a failure, with where it was
-    raised)."""
-    results = []
-    with tempfile.TemporaryDirectory(prefix="trl-rpg-self-check-") as workdir:
-        context = context or default_context(workdir)
-        context.workdir = workdir
-        for prop in properties:
-            try:
-                detail = prop.function()(context)
-            except Exception as error:  # noqa: BLE001 (a property that cannot run on this TRL has failed)
-                frame = traceback.extract_tb(error.__traceback__)[-1]
-                detail = (f"could not run on this TRL: {type(error).__name__}: {error} (at "
-                          f"{Path(frame.filename).name}:{frame.lineno})")
-            results.append({"name": prop.name, "passed": detail is None, "detail": detail})
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m trl_rpg.upgrade_check` reads `{"properties": [[name, why, target], ...]}` on stdin and prints the
-    results and the digests of the methods it saw on one line after `RESULT_PREFIX`."""
-    import logging
-    import os
-
-    from . import upgrade_guard, upgrade_verdict
-
-    os.environ[upgrade_verdict.IN_CHECK_ENV] = "1"  # the trainers built here must not ask for a verdict again
-    logging.disable(logging.WARNING)
-    request = json.loads(sys.stdin.read())
-    properties = [Property(*item) for item in request["properties"]]
-    torch.manual_seed(0)
-    results = run_properties(properties)
-    digests = upgrade_guard.method_digests(request.get("review", "RPGTrainer"))
-    print(RESULT_PREFIX + json.dumps({"results": results, "digests": digests}), flush=True)
-    return 0
-
-
-__all__ = ["MIN_MOVEMENT", "PARAM_ATOL", "PROPERTIES", "RESULT_PREFIX", "CheckContext", "Property",
-           "checkpoint_resume", "default_context", "generation_batch", "grpo_kl_term", "main", "reduction",
-           "register_properties", "run_properties"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["MIN_MOVEMENT", "PARAM_ATOL", "PROPERTIES", "CheckContext", "Property", "checkpoint_resume",
+           "default_context", "generation_batch", "grpo_kl_term", "reduction", "register_properties"]

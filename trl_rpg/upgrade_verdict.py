@@ -2,7 +2,7 @@
 
 `verdict(review, ...)` is what `upgrade_guard.check` asks when the installed TRL's code is not the reviewed code.
 The verdict is read from the cache when a run with the same key finished before; otherwise `python -m
-trl_rpg.upgrade_check` runs the review's properties (`upgrade_check.PROPERTIES`) in a fresh process: no process
+trl_rpg.upgrade_verdict` runs the review's properties (`upgrade_check.PROPERTIES`) in a fresh process: no process
 group of the run that asked (its RANK / WORLD_SIZE / ACCELERATE_* are dropped), no GPU (`CUDA_VISIBLE_DEVICES=""`),
 nothing from the Hub and no telemetry (`HF_HUB_OFFLINE=1`, `HF_HUB_DISABLE_TELEMETRY=1`), the same `sys.path`.
 
@@ -24,14 +24,20 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from . import upgrade_check
+
 logger = logging.getLogger(__name__)
 
+#: Marks the result line the check's process prints (the rest of its output is the libraries' logging).
+RESULT_PREFIX = "TRL_RPG_SELF_CHECK_RESULT "
 #: A hang guard: the check takes seconds.
 TIMEOUT_S = 600
 #: Set in the check's own process: the trainers it builds must not ask for a verdict again.
@@ -79,7 +85,7 @@ def cache_dir() -> Path:
 
 
 def cache_key(review: str, digests: dict[str, str], fields: list[str], properties) -> str:
-    modules = {p.target.split(":")[0] for p in properties} | {__name__, "trl_rpg.upgrade_check"}
+    modules = {p.target.split(":")[0] for p in properties} | {"trl_rpg.upgrade_verdict", "trl_rpg.upgrade_check"}
     check_sources = sorted(_file_digest(module) for module in modules)
     material = {"review": review, "versions": installed_versions(), "digests": digests, "fields": sorted(fields),
                 "properties": [[p.name, p.target] for p in properties], "check": check_sources}
@@ -145,12 +151,10 @@ def _child_environment() -> dict[str, str]:
 
 def run_check(review: str, properties) -> tuple[Verdict, dict[str, str]]:
     """Run the properties in a fresh process: the verdict, and the digests of the reviewed methods it saw."""
-    from .upgrade_check import RESULT_PREFIX
-
     request = json.dumps({"review": review, "properties": [[p.name, p.why, p.target] for p in properties]})
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_check"], input=request, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_verdict"], input=request, capture_output=True,
                               text=True, env=_child_environment(), timeout=TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         return Verdict(False, error=f"the self-check did not finish in {TIMEOUT_S} s"), {}
@@ -166,9 +170,7 @@ def run_check(review: str, properties) -> tuple[Verdict, dict[str, str]]:
 
 def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
     """The self-check's verdict on the installed TRL for `review` (cached; run when it is not)."""
-    from .upgrade_check import PROPERTIES
-
-    properties = PROPERTIES[review]
+    properties = upgrade_check.PROPERTIES[review]
     key = cache_key(review, digests, fields, properties)
     cached = read_cached(key)
     if cached is not None:
@@ -189,5 +191,45 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
     return result
 
 
-__all__ = ["IN_CHECK_ENV", "TIMEOUT_S", "Verdict", "cache_dir", "cache_key", "installed_versions", "read_cached",
-           "run_check", "verdict", "write_cached"]
+def run_properties(properties, context=None) -> list[dict]:
+    """Each property's result: `{"name", "passed", "detail"}` (an exception is a failure, with where it was
+    raised)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="trl-rpg-self-check-") as workdir:
+        context = context or upgrade_check.default_context(workdir)
+        context.workdir = workdir
+        for prop in properties:
+            try:
+                detail = prop.function()(context)
+            except Exception as error:  # noqa: BLE001 (a property that cannot run on this TRL has failed)
+                frame = traceback.extract_tb(error.__traceback__)[-1]
+                detail = (f"could not run on this TRL: {type(error).__name__}: {error} (at "
+                          f"{Path(frame.filename).name}:{frame.lineno})")
+            results.append({"name": prop.name, "passed": detail is None, "detail": detail})
+    return results
+
+
+def main() -> int:
+    """The check's own process (`python -m trl_rpg.upgrade_verdict`): reads `{"review", "properties": [[name, why,
+    target], ...]}` on stdin, prints the results and the digests of the methods it saw on one line after
+    `RESULT_PREFIX`."""
+    from . import upgrade_guard
+
+    os.environ[IN_CHECK_ENV] = "1"  # the trainers built here must not ask for a verdict again
+    logging.disable(logging.WARNING)
+    request = json.loads(sys.stdin.read())
+    properties = [upgrade_check.Property(*item) for item in request["properties"]]
+    import torch
+
+    torch.manual_seed(0)
+    results = run_properties(properties)
+    digests = upgrade_guard.method_digests(request.get("review", "RPGTrainer"))
+    print(RESULT_PREFIX + json.dumps({"results": results, "digests": digests}), flush=True)
+    return 0
+
+
+__all__ = ["IN_CHECK_ENV", "RESULT_PREFIX", "TIMEOUT_S", "Verdict", "cache_dir", "cache_key", "installed_versions",
+           "main", "read_cached", "run_check", "run_properties", "verdict", "write_cached"]
+
+if __name__ == "__main__":
+    sys.exit(main())
