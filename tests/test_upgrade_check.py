@@ -54,8 +54,15 @@ def _environment(site: Path, tmp_path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_a_newer_trl_that_keeps_the_behaviour_trains_with_one_warning_and_its_new_field_at_its_default(tmp_path):
-    site = patched_copy(tmp_path / "site", SAME_BEHAVIOUR, "1.17.0", extra_edits=[NEW_FIELD])
+@pytest.fixture(scope="module")
+def newer_trl(tmp_path_factory) -> Path:
+    """A folder holding TRL "1.17.0": the installed TRL with `_compute_loss` reworded and a new GRPOConfig field."""
+    return patched_copy(tmp_path_factory.mktemp("site"), SAME_BEHAVIOUR, "1.17.0", extra_edits=[NEW_FIELD])
+
+
+def test_a_newer_trl_that_keeps_the_behaviour_trains_with_one_warning_and_its_new_field_at_its_default(tmp_path,
+                                                                                                       newer_trl):
+    site = newer_trl
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "out")], capture_output=True, text=True,
                           env=_environment(site, tmp_path), timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("REPORT ")]
@@ -94,6 +101,24 @@ def test_a_copy_of_trl_changed_as_prs_5413_and_7188_is_refused_naming_each_prope
     assert not results["generation_batch"]["passed"] and not results["grpo_kl_term"]["passed"]
     assert "lacks old_per_token_logps, importance_sampling_ratio" in results["generation_batch"]["detail"]
     assert "importance_sampling_level='sequence'" in results["grpo_kl_term"]["detail"]
+
+
+def test_the_maintainer_script_lists_the_changed_method_with_its_diff_and_the_new_field(newer_trl, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trl_upgrade_diff", ROOT / "scripts" / "trl_upgrade_diff.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main([str(newer_trl)]) == 0
+    report = capsys.readouterr().out
+    assert "reviewed: trl 1.16.0, transformers 5.24.0; new: trl 1.17.0, transformers 5.24.0" in report
+    assert "## RPGTrainer: 1 of 20 reviewed methods changed" in report
+    digest = upgrade_guard.REVIEWED_METHODS[1].digest  # GRPOTrainer._compute_loss
+    assert f"### GRPOTrainer._compute_loss: digest {digest} -> " in report
+    assert "-    coef_1 = torch.exp(log_importance_weights)\n+    coef_1 = log_importance_weights.exp()  # reworded" \
+        in report
+    assert "### config fields to classify (1): trl_rpg/grpo_fields.py\n- kl_log_ratio_clip = None: A new option." \
+        in report
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -159,6 +184,8 @@ def test_a_failed_verdict_refuses_naming_the_property(monkeypatch):
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"GRPOTrainer._compute_loss .*the upgrade self-check "
                                                               r"failed: grpo_kl_term: the KL changed\. RPG could"):
         upgrade_guard.check()
+    assert upgrade_guard.status() == ("self-check FAILED, RPGTrainer refuses to train: grpo_kl_term: the KL changed "
+                                      "(GRPOTrainer._compute_loss)")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
