@@ -67,7 +67,8 @@ def test_trl_rpg_env_prints_what_a_bug_report_needs(capsys, monkeypatch, tmp_pat
         assert lines[f"{label} version"] == version(name), label
     assert lines["vLLM version"] == "not installed" and lines["accelerator(s)"] == "cpu"
     assert lines["Platform"] and re.fullmatch(r"3\.\d+\.\d+", lines["Python version"])
-    shown = f"{config}\n  - compute_environment: LOCAL_MACHINE\n  - distributed_type: MULTI_GPU\n  - mixed_precision: bf16"
+    shown = (f"{config}\n  - compute_environment: LOCAL_MACHINE\n  - distributed_type: MULTI_GPU\n"
+             "  - mixed_precision: bf16")
     assert shown in out
     assert lines["Reviewed against"] == "trl 1.16.0, transformers 5.24.0"
     assert lines["Upgrade check"] == "the reviewed code (no self-check needed)"
