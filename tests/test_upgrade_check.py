@@ -219,6 +219,17 @@ def test_the_verdict_is_cached_per_installed_version_and_an_unwritable_cache_onl
     assert unwritable.passed and unwritable.cached is None and len(runs) == 3
 
 
+def test_the_check_runs_outside_the_launch_that_asked_on_cpu_offline_and_on_the_same_path(monkeypatch):
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500", "ACCELERATE_MIXED_PRECISION": "bf16",
+                       "CUDA_VISIBLE_DEVICES": "0,1", "SOME_SETTING": "kept"}.items():
+        monkeypatch.setenv(key, value)
+    env = upgrade_verdict._child_environment()
+    assert not {"RANK", "WORLD_SIZE", "MASTER_PORT", "ACCELERATE_MIXED_PRECISION"} & set(env)
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HF_HUB_OFFLINE"] == "1" and env["SOME_SETTING"] == "kept"
+    assert env["HF_HUB_DISABLE_TELEMETRY"] == "1" and env[upgrade_verdict.IN_CHECK_ENV] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[:1] == [p for p in sys.path if p and os.path.isdir(p)][:1]
+
+
 def test_a_verdict_from_a_process_that_saw_other_code_is_no_verdict(monkeypatch, tmp_path):
     """A method patched at run time in a way its name does not show: the fresh process saw other digests."""
     digests = upgrade_guard.method_digests()
