@@ -103,6 +103,7 @@ def test_a_copy_of_trl_changed_as_prs_5413_and_7188_is_refused_naming_each_prope
     assert "importance_sampling_level='sequence'" in results["grpo_kl_term"]["detail"]
 
 
+@pytest.mark.slow
 def test_the_maintainer_script_lists_the_changed_method_with_its_diff_and_the_new_field(newer_trl, capsys):
     import importlib.util
 
