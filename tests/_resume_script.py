@@ -59,14 +59,14 @@ def main():
     if a.kill_at_step:
         trainer.add_callback(KillAtStep(a.kill_at_step))
     if a.kill_in_save:
-        original = trainer._save_rpg_files
+        original = trainer._rpg_save_files
 
         def dying_save(output_dir):
             if trainer.state.global_step == a.kill_in_save:
                 os.kill(os.getpid(), signal.SIGKILL)  # model and optimizer are written, RPG state is not
             original(output_dir)
 
-        trainer._save_rpg_files = dying_save
+        trainer._rpg_save_files = dying_save
     trainer.train()
 
 

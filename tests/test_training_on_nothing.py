@@ -231,8 +231,8 @@ def test_reward_model_scores_that_overflow_the_std_are_refused(tmp_path, model_p
 class MaskedHere(RPGTrainer):
     """Every completion of this process is masked (its completion mask zeroed after TRL's scoring)."""
 
-    def _generate_and_score(self, batch):
-        output, rewards = super()._generate_and_score(batch)
+    def _rpg_generate_and_score(self, batch):
+        output, rewards = super()._rpg_generate_and_score(batch)
         output["completion_mask"] = torch.zeros_like(output["completion_mask"])
         return output, rewards
 

@@ -1,8 +1,9 @@
 """Everything trl-rpg relies on inside TRL and transformers (and DeepSpeed's checkpoint types), in one place, so an
 upgrade touches one file.
 
-Tested against TRL 1.16 and transformers 5 (`pyproject.toml` pins `trl>=1.16,<1.17`). `tests/test_compat.py`
-checks every name below on the installed versions and fails with a message naming what is missing.
+Tested against TRL 1.16 and transformers 5 (`pyproject.toml` admits `trl>=1.16,<2`: on another TRL `upgrade_guard`
+decides). `tests/test_compat.py` checks every name below on the installed versions and fails with a message naming
+what is missing.
 
 `RPGTrainer` overrides these methods (`OVERRIDDEN`):
 

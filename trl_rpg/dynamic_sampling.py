@@ -346,7 +346,7 @@ class DynamicSampler:
             num_generations=trainer.num_generations, max_rounds=args.dynamic_sampling_max_rounds,
             on_exhausted=args.dynamic_sampling_on_exhausted, metric=args.dynamic_sampling_metric,
             reward_func_names=trainer.reward_func_names, reward_weights=trainer.reward_weights,
-            aggregation=trainer.multi_objective_aggregation, pad_token_id=trainer._pad_token_id, dataset=dataset,
+            aggregation=trainer.multi_objective_aggregation, pad_token_id=trainer._rpg_pad_token_id, dataset=dataset,
             seed=args.data_seed if args.data_seed is not None else args.seed, shuffle=trainer.shuffle_dataset,
             collectives=Collectives(acc.num_processes, acc.process_index, acc.device, gather_object,
                                     lambda t: acc.gather(t).sum()),

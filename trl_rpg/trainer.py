@@ -63,7 +63,7 @@ class RPGTrainer(GRPOTrainer):
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
-        upgrade_guard.check()  # first: a TRL whose code RPG relies on changed must not train silently wrong
+        upgrade_guard.check(args)  # first: a TRL whose code RPG relies on changed must not train silently wrong
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
         if kwargs.get("environment_factory") is None:  # before any model is loaded
@@ -85,9 +85,9 @@ class RPGTrainer(GRPOTrainer):
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.skipped_steps = 0
-        self._batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
-        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
-        self._reward_scale = RewardScaleCheck.for_args(args)
+        self._rpg_batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
+        self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
+        self._rpg_reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
 
@@ -103,33 +103,33 @@ class RPGTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         # Override: dynamic sampling, the scoring and learning-signal tallies (training), the reference version tag.
         if not self.model.training:
-            output = self._generate_and_score(inputs)[0]
+            output = self._rpg_generate_and_score(inputs)[0]
         else:
             logged_before = {key: len(values) for key, values in self._metrics["train"].items()}
             if self.dynamic_sampler is None:
-                output, rewards = self._generate_and_score(inputs)
+                output, rewards = self._rpg_generate_and_score(inputs)
                 rewards = [rewards]
             else:
                 output, rewards = self.dynamic_sampler.collect_batch(
-                    inputs, self._generate_and_score, self.state.stateful_callbacks,
-                    lambda values: self._log_metrics("train", values))
-            if self._scoring.add(rewards):
+                    inputs, self._rpg_generate_and_score, self.state.stateful_callbacks,
+                    lambda values: self._rpg_log_metrics("train", values))
+            if self._rpg_scoring.add(rewards):
                 logger.warning(UNSCORED_BATCH_WARNING)
-            self._signal.add_batch(learning_signal.batch_facts(  # what the batch offers, over all processes
+            self._rpg_signal.add_batch(learning_signal.batch_facts(  # what the batch offers, over all processes
                 rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
                 self.reward_weights, self.num_generations, self.multi_objective_aggregation,
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
-            scale_warning = self._reward_scale.add(rewards, self.reward_weights, self.num_generations,
+            scale_warning = self._rpg_reward_scale.add(rewards, self.reward_weights, self.num_generations,
                                                    self.multi_objective_aggregation)  # once: rewards far from [0, 1]
             if scale_warning and self.is_world_process_zero():
                 logger.warning(scale_warning)
             # logged again at every step that trains on this batch (see `log`)
-            self._batch_metrics = appended_means(logged_before, self._metrics["train"])
+            self._rpg_batch_metrics = appended_means(logged_before, self._metrics["train"])
         if self.trl_computes_reference_logps:
             self.reference.tag(output)
         return output
 
-    def _generate_and_score(self, batch):
+    def _rpg_generate_and_score(self, batch):
         """TRL's generation and scoring of `batch`, and the rewards (gathered over processes) it computed."""
         with _compat.capture_return(self, "_calculate_rewards") as returned:
             output = super()._generate_and_score_completions(batch)
@@ -156,7 +156,7 @@ class RPGTrainer(GRPOTrainer):
         # No stored sampler log-probs: the batch is on-policy (one optimizer step per generation), mu = pi_theta.
         old = inputs.get("old_per_token_logps")
         sampling_logps = per_token_logps.detach() if old is None else old
-        advantages, entropy_mask = self._reward_signal(inputs, per_token_logps, sampling_logps, entropies, mask)
+        advantages, entropy_mask = self._rpg_reward_signal(inputs, per_token_logps, sampling_logps, entropies, mask)
         per_token_loss, stats = rpg_per_token_loss(
             per_token_logps, sampling_logps, advantages, mask,
             ref_logps=self.reference.logps(inputs, completion_ids.size(1)) if self.trl_computes_reference_logps
@@ -173,14 +173,15 @@ class RPGTrainer(GRPOTrainer):
             self.loss_type, accumulation, args.steps_per_generation, acc.num_processes, self.max_completion_length,
             mode == "train"), inputs.get("num_items_in_batch"))
         if self._entropy_bonus_enabled:
-            loss = loss + self._entropy_term(entropies, mask if entropy_mask is None else mask * entropy_mask, mode)
+            entropy_tokens = mask if entropy_mask is None else mask * entropy_mask
+            loss = loss + self._rpg_entropy_term(entropies, entropy_tokens, mode)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(acc.gather_for_metrics(aux_loss).mean().item())
-        self._log_loss_metrics(stats, entropies, mask, policy_loss, mode)
+        self._rpg_log_loss_metrics(stats, entropies, mask, policy_loss, mode)
         return loss
 
-    def _reward_signal(self, inputs, per_token_logps, sampling_logps, entropies, mask):
+    def _rpg_reward_signal(self, inputs, per_token_logps, sampling_logps, entropies, mask):
         """The (B, T) advantages with TRL's off-policy and high-entropy masks applied (a masked token has A = 0),
         and the entropy mask (for TRL's entropy bonus; None when `top_entropy_quantile` is 1)."""
         advantages = inputs["advantages"]
@@ -197,7 +198,7 @@ class RPGTrainer(GRPOTrainer):
             advantages = advantages * entropy_mask
         return advantages, entropy_mask
 
-    def _entropy_term(self, entropies, mask, mode):
+    def _rpg_entropy_term(self, entropies, mask, mode):
         """TRL's entropy bonus (static `entropy_coef`, or its adaptive controller with `use_adaptive_entropy`)."""
         args, acc, train = self.args, self.accelerator, mode == "train"
         term = entropy_bonus(entropies, mask, applied_entropy_coef(
@@ -215,7 +216,7 @@ class RPGTrainer(GRPOTrainer):
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return term
 
-    def _log_loss_metrics(self, stats, entropies, mask, policy_loss, mode):
+    def _rpg_log_loss_metrics(self, stats, entropies, mask, policy_loss, mode):
         """See `loss.reduced_metrics`; training batches also feed the adaptive reference trigger."""
         acc = self.accelerator
         values, divergence_sum, tokens = reduced_metrics(
@@ -226,16 +227,16 @@ class RPGTrainer(GRPOTrainer):
             self.reference.record_divergence(divergence_sum, tokens)
             if acc.sync_gradients:  # the last micro-batch of the optimizer step
                 values["rpg/divergence_ema"] = self.reference.end_step()
-        self._log_metrics(mode, values)
+        self._rpg_log_metrics(mode, values)
 
     def log(self, logs, start_time=None):
         # Override: with batch reuse, a training step's log line also carries the generation-time metrics (reward,
         # completions/*, num_tokens...) of the batch it trained on, not only the step that generated it.
         if self.model.training and "loss" in logs:
-            carry_forward(self._metrics["train"], self._batch_metrics)
+            carry_forward(self._metrics["train"], self._rpg_batch_metrics)
         super().log(logs, start_time)
 
-    def _log_metrics(self, mode: str, values: dict[str, float]) -> None:
+    def _rpg_log_metrics(self, mode: str, values: dict[str, float]) -> None:
         for key, value in values.items():
             self._metrics[mode][key].append(value)
 
@@ -254,7 +255,7 @@ class RPGTrainer(GRPOTrainer):
             logger.warning(gradient_guard.skipped_warning("RPGTrainer", grad_norm, self.state.global_step + 1,
                                                           self.skipped_steps))
         saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
-        saved[key], warning = self._signal.end_step(skipped, saved.get(key),
+        saved[key], warning = self._rpg_signal.end_step(skipped, saved.get(key),
                                                     zero_gradient=learning_signal.gradient_is_zero(grad_norm))
         if warning:
             logger.warning(warning)
@@ -267,18 +268,18 @@ class RPGTrainer(GRPOTrainer):
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
         # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing is told so.
         if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-            resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
+            resume_from_checkpoint = self._rpg_verified_checkpoint(resume_from_checkpoint)
         elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
             checkpoint.warn_if_other_runs(self.args.output_dir)
         if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
             logger.warning(describe_objective(self.args))
-        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
-        self._reward_scale = RewardScaleCheck.for_args(self.args)
+        self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
+        self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
-                                                   self._signal, self.reward_func_names,
+        error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._rpg_scoring,
+                                                   self._rpg_signal, self.reward_func_names,
                                                    getattr(self.train_dataset, "column_names", None))
-        output.metrics.update(learning_signal.verdict_metrics(error, self._signal))
+        output.metrics.update(learning_signal.verdict_metrics(error, self._rpg_signal))
         if error and self.args.rpg_require_learning_signal:
             self.save_model(self.args.output_dir)  # a script's own save after train() never runs
             raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
@@ -286,21 +287,21 @@ class RPGTrainer(GRPOTrainer):
             logger.warning(learning_signal.verdict_warning(error))
         return output
 
-    def _verified_checkpoint(self, request) -> str:
+    def _rpg_verified_checkpoint(self, request) -> str:
         """The checkpoint to resume from (a path, or `True`: the newest that passes), verified by every process
         before transformers reads it (`checkpoint.resume_checkpoint`); every process raises the same error."""
         acc, args = self.accelerator, self.args
         return checkpoint.resume_checkpoint(
-            request, args.output_dir, self._run_identity(), args.max_steps, acc.num_processes, acc.process_index,
+            request, args.output_dir, self._rpg_run_identity(), args.max_steps, acc.num_processes, acc.process_index,
             acc.is_main_process, gather_object if acc.num_processes > 1 else lambda values: values)
 
-    def _run_identity(self) -> dict:
+    def _rpg_run_identity(self) -> dict:
         """What identifies this run in a checkpoint (`checkpoint.run_identity`), with its DeepSpeed ZeRO stage."""
         acc = self.accelerator
         stage = acc.state.deepspeed_plugin.zero_stage if self.is_deepspeed_enabled else None
         return checkpoint.run_identity(self.args, acc.unwrap_model(self.model), zero_stage=stage)
 
-    def _run_id(self) -> str:
+    def _rpg_run_id(self) -> str:
         """This run's id (`checkpoint.run_id`, kept in `trainer_state.json`), the main process's on every process."""
         acc = self.accelerator
         return checkpoint.run_id(self.state.stateful_callbacks,
@@ -319,7 +320,7 @@ class RPGTrainer(GRPOTrainer):
         # complete, deletes the last complete one, or uploads a checkpoint that cannot be resumed.
         run_dir = self._get_output_dir(trial=trial)
         output_dir = os.path.join(run_dir, f"{_compat.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        run_id = self._run_id()
+        run_id = self._rpg_run_id()
         limit, push = self.args.save_total_limit, self.args.push_to_hub
         # transformers rotates and queues the Hub upload inside its save, before RPG's files and the manifest exist
         self.args.save_total_limit, self.args.push_to_hub = None, False
@@ -329,7 +330,7 @@ class RPGTrainer(GRPOTrainer):
                     checkpoint.begin_checkpoint(output_dir, self.state.global_step, run_id)
                 self.accelerator.wait_for_everyone()  # no process writes into the folder before it is emptied
                 super()._save_checkpoint(model, trial)
-                self._save_rpg_files(output_dir)
+                self._rpg_save_files(output_dir)
         finally:
             self.args.save_total_limit, self.args.push_to_hub = limit, push
         if self.args.should_save:
@@ -337,7 +338,7 @@ class RPGTrainer(GRPOTrainer):
         if push:
             self._push_from_checkpoint(output_dir)  # transformers' upload, of the complete checkpoint
 
-    def _save_rpg_files(self, output_dir: str) -> None:
+    def _rpg_save_files(self, output_dir: str) -> None:
         args, acc = self.args, self.accelerator
         buffer = self._buffered_inputs if args.rpg_save_generation_buffer else None
         own = checkpoint.save_generation_buffer(output_dir, acc.process_index, self._step, buffer)
@@ -350,8 +351,8 @@ class RPGTrainer(GRPOTrainer):
         reported = gather_object([own]) if acc.num_processes > 1 else [own]
         acc.wait_for_everyone()
         if args.should_save:
-            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, self._run_identity(),
-                                      reported, args.save_only_model, self._run_id())
+            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, self._rpg_run_identity(),
+                                      reported, args.save_only_model, self._rpg_run_id())
 
     def _load_optimizer_and_scheduler(self, resume_from):
         # Override: restore RPG's state with the optimizer's (called once on resume, on every process; the
@@ -366,11 +367,11 @@ class RPGTrainer(GRPOTrainer):
         if self.args.rpg_reference in MOVING:
             self.reference.restore(checkpoint.load_reference(resume_from))
         self._step, self._buffered_inputs = checkpoint.restore_buffers(
-            resume_from, acc.num_processes, self.args.steps_per_generation, acc.process_index, self._pad_token_id,
+            resume_from, acc.num_processes, self.args.steps_per_generation, acc.process_index, self._rpg_pad_token_id,
             acc.device)
 
     @property
-    def _pad_token_id(self) -> int:
+    def _rpg_pad_token_id(self) -> int:
         """The pad token of the tokenizer (or of a processor's tokenizer)."""
         return getattr(self.processing_class, "tokenizer", self.processing_class).pad_token_id
 

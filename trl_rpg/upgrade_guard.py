@@ -1,22 +1,24 @@
-"""The upgrade guard: refuse to train on a TRL/transformers whose code RPG relies on is not the code that was reviewed.
+"""The upgrade guard: RPG trains on the reviewed TRL, or on a changed TRL that passes the upgrade self-check.
 
 `RPGTrainer._compute_loss` re-implements every feature of GRPO's monolithic `_compute_loss`, and the trainer wraps
 other `GRPOTrainer` / `Trainer` methods. A TRL release that changes one of them, or adds a `GRPOConfig` field (a new
-loss option, a new mask), would otherwise train *silently* with the change ignored (TRL issue #6807 shows what a
+loss option, a new mask), could otherwise train *silently* with the change ignored (TRL issue #6807 shows what a
 stale copy of `_compute_loss` does). `_compat` catches renamed internals; this module catches changed ones:
 
 - `REVIEWED_METHODS`: every `GRPOTrainer` / `Trainer` method RPG overrides or relies on, each with why and the digest
   of its normalised source (`source_digest`: comments, docstring, blank lines and indentation do not count).
-- `GRPO_FIELDS`: every `GRPOConfig` field (TRL's own and those inherited from `TrainingArguments`), classified
-  `accepted` / `changed default` / `refused` / `ignored`, each with its reason. The README's drop-in section holds
-  `drop_in_table()` (tests/test_upgrade_guard.py checks it is the same text); docs/drop-in.md holds every row.
+- `GRPO_FIELDS` (`trl_rpg.grpo_fields`): every `GRPOConfig` field, classified with its reason.
+- `taken_names`: a name RPG's trainer uses for its own helper (all `_rpg_*`) that TRL now defines too.
 
-`check()` runs when an `RPGTrainer` is built (not at import: the objective library, the rewards, the evaluation and
-`--help` do not depend on TRL's internals and keep working; every training run still passes through it before a
-model is loaded). It raises `UnreviewedUpgrade` naming each changed method and each unclassified field. Setting
-the environment variable `TRL_RPG_ALLOW_UNREVIEWED=1` turns the error into a warning: for someone who reviewed the
-difference (a patched or backported TRL) and must train before a trl-rpg release records it; the warning stays in
-the log of every run.
+The digest is the first signal. `check()`, run when an `RPGTrainer` is built (not at import: the objective library,
+the rewards, the evaluation and `--help` keep working on any version), does nothing on the reviewed code. On other
+code the upgrade self-check decides (`upgrade_check`, run once per installed version in a fresh process and cached
+by `upgrade_verdict`): passed, RPG trains with one warning naming the version and what was checked, and a new
+`GRPOConfig` field is accepted at its default only; failed, `UnreviewedUpgrade` names the property. A reviewed method
+replaced in this process (a monkeypatch), which a fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1`
+turns each refusal into a warning, for someone who reviewed the difference and must train before a trl-rpg release
+records it. Another trainer registers its own `Review` (`register_review`) and properties
+(`upgrade_check.register_properties`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import re
 import warnings
 from dataclasses import dataclass
 
+from .grpo_fields import GRPO_FIELDS, VERDICTS, FieldRule, drop_in_table, full_table, unclassified_fields
+
 #: The versions whose code the digests below were taken from.
 REVIEWED_VERSIONS = {"trl": "1.16.0", "transformers": "5.24.0"}
 #: Set to 1 to train anyway (a warning instead of the error), after reviewing what `check()` names.
 ALLOW_ENV = "TRL_RPG_ALLOW_UNREVIEWED"
 
-VERDICTS = ("accepted", "changed default", "refused", "ignored")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -170,19 +173,31 @@ def source_digest(func) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _owners():
-    from transformers import Trainer
-    from trl import GRPOConfig, GRPOTrainer
-
-    return {"GRPOTrainer": GRPOTrainer, "Trainer": Trainer, "GRPOConfig": GRPOConfig}
+#: Where each owner of a reviewed method is looked up ("module:attribute"); `register_review` adds others.
+OWNERS: dict[str, str] = {"GRPOTrainer": "trl:GRPOTrainer", "Trainer": "transformers:Trainer",
+                          "GRPOConfig": "trl:GRPOConfig"}
 
 
-def changed_methods(owners: dict | None = None, methods: tuple = REVIEWED_METHODS) -> list[str]:
+def _resolve(path: str):
+    import importlib
+
+    module, attribute = path.split(":")
+    try:
+        return getattr(importlib.import_module(module), attribute, None)
+    except ImportError:
+        return None
+
+
+def _owners() -> dict:
+    return {name: _resolve(path) for name, path in OWNERS.items()}
+
+
+def changed_methods(owners: dict | None = None, methods: tuple[ReviewedMethod, ...] = REVIEWED_METHODS) -> list[str]:
     """The reviewed methods whose code differs from the reviewed code (or that are gone), as `"GRPOTrainer.name"`."""
     owners = owners or _owners()
     changed = []
     for method in methods:
-        func = getattr(owners[method.owner], method.name, None)
+        func = getattr(owners.get(method.owner), method.name, None)
         if func is None:
             changed.append(f"{method.qualname} (no longer exists)")
         elif source_digest(func) != method.digest:
@@ -190,149 +205,42 @@ def changed_methods(owners: dict | None = None, methods: tuple = REVIEWED_METHOD
     return changed
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# GRPOConfig fields
-# ---------------------------------------------------------------------------------------------------------------------
+def method_digests(review: str = "RPGTrainer", owners: dict | None = None) -> dict[str, str]:
+    """`{"GRPOTrainer.name": digest}` of the review's methods as installed ("missing" for a method that is gone)."""
+    owners = owners or _owners()
+    return {m.qualname: source_digest(f) if (f := getattr(owners.get(m.owner), m.name, None)) else "missing"
+            for m in REVIEWS[review].methods}
 
 
-@dataclass(frozen=True)
-class FieldRule:
-    """How RPG treats one `GRPOConfig` field: `verdict` is one of `VERDICTS`; `in_readme`: an accepted field whose
-    meaning under RPG a GRPO user should read (the README's table lists it with every other verdict)."""
-
-    name: str
-    verdict: str
-    reason: str
-    in_readme: bool = False
-
-
-def _rules(verdict: str, reason: str, *names: str) -> list[FieldRule]:
-    return [FieldRule(name, verdict, reason) for name in names]
-
-
-_TRAINING_ARGUMENTS = (
-    "output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps", "learning_rate",
-    "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args", "weight_decay", "adam_beta1",
-    "adam_beta2", "adam_epsilon", "optim_target_modules", "gradient_accumulation_steps",
-    "average_tokens_across_devices", "max_grad_norm", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval",
-    "fp16_full_eval", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
-    "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode",
-    "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps",
-    "auto_find_batch_size", "logging_strategy", "logging_steps", "logging_first_step", "log_on_each_node",
-    "logging_nan_inf_filter", "include_num_input_tokens_seen", "log_level", "log_level_replica", "disable_tqdm",
-    "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
-    "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only",
-    "eval_on_start", "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps",
-    "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps",
-    "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo",
-    "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end",
-    "metric_for_best_model", "greater_is_better", "ignore_data_skip", "restore_callback_states_from_checkpoint",
-    "full_determinism", "seed", "data_seed", "use_cpu", "accelerator_config", "parallelism_config",
-    "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
-    "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "dataloader_in_order",
-    "remove_unused_columns", "label_names", "train_sampling_strategy", "length_column_name",
-    "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend",
-    "ddp_timeout", "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics", "do_train", "do_eval",
-    "do_predict", "resume_from_checkpoint", "local_rank",
-)
-
-#: Every GRPOConfig field and how RPG treats it (`accepted`: GRPO's meaning and default).
-GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
-    # ---- changed defaults (the paper's setup) ----
-    FieldRule("beta", "changed default",
-              "1e-4, the paper's KL coefficient (GRPO: 0.0); an upgraded GRPOConfig keeps its value"),
-    FieldRule("scale_rewards", "changed default",
-              "'none': advantage = reward - group mean, the paper's baseline (GRPO: 'group'); an upgraded "
-              "GRPOConfig keeps its value"),
-    FieldRule("epsilon_high", "changed default",
-              "0.28, the paper's clip-higher, when neither `epsilon` nor `epsilon_high` is set (GRPO: `epsilon`); "
-              "setting only `epsilon` gives GRPO's symmetric region; must be at least 2^-23 (float32's resolution "
-              "at 1, in which the ratio is compared)"),
-    FieldRule("steps_per_generation", "changed default",
-              "`rpg_generation_reuse` (4) x `gradient_accumulation_steps` when neither it, `generation_batch_size` "
-              "nor `num_iterations > 1` is set (GRPO: `gradient_accumulation_steps`): with the sampler as "
-              "reference the KL term acts only on reused batches; an upgraded GRPOConfig keeps GRPO's layout"),
-    # ---- accepted, with what they mean under RPG (listed in the README) ----
-    FieldRule("loss_type", "accepted",
-              "selects the aggregation of RPG's per-token loss only ('dapo', the default as in GRPO, 'bnpo', "
-              "'grpo', 'dr_grpo'); 'cispo', 'sapo', 'vespo', 'luspo' (other per-token losses) are refused",
-              in_readme=True),
-    FieldRule("epsilon", "accepted",
-              "the lower width of RPG-Style Clip (0.2, as in GRPO); must be at least 2^-23 (float32's resolution at "
-              "1: with 0, or 1e-8, on-policy tokens would get no gradient)", in_readme=True),
-    FieldRule("importance_sampling_level", "accepted",
-              "'token' or 'sequence' (GSPO: changes the reward term's ratio only)", in_readme=True),
-    FieldRule("vllm_importance_sampling_correction", "accepted",
-              "the correction weighs every term of RPG's loss, the KL term included (GRPO leaves its KL uncorrected):"
-              " the exact gradient needs it when the generator differs from the trained policy", in_readme=True),
-    FieldRule("top_entropy_quantile", "accepted",
-              "masks the advantage (the reward term), as in GRPO; the KL term acts on every token", in_readme=True),
-    FieldRule("off_policy_mask_threshold", "accepted",
-              "masks the advantage (the reward term), as in GRPO; the KL term acts on every token", in_readme=True),
-    # ---- refused ----
-    FieldRule("sync_ref_model", "refused",
-              "TRL's reference-model sync: use rpg_reference='periodic' with rpg_reference_update_steps (works with "
-              "PEFT and ZeRO-3 too)"),
-    FieldRule("delta", "refused", "GRPO's two-sided clipping: RPG bounds large ratios with rpg_dual_clip_c"),
-    # ---- ignored ----
-    FieldRule("use_bias_correction_kl", "ignored",
-              "GRPO's weighting of its k3 penalty by the importance ratio; RPG's KL term is exact off-policy by "
-              "construction"),
-    *_rules("ignored", "only read with sync_ref_model, which RPG refuses", "ref_model_mixup_alpha",
-            "ref_model_sync_steps"),
-    *_rules("ignored", "only read by loss_type 'sapo', which RPG refuses", "sapo_temperature_neg",
-            "sapo_temperature_pos"),
-    *_rules("ignored", "only read by loss_type 'vespo', which RPG refuses", "vespo_k_pos", "vespo_lambda_pos",
-            "vespo_k_neg", "vespo_lambda_neg"),
-    # ---- accepted: TRL's generation, rewards, logging and model loading run unchanged ----
-    *_rules("accepted", "model loading, as in GRPO", "model_init_kwargs", "trust_remote_code", "disable_dropout",
-            "cast_lm_head_to_fp32"),
-    FieldRule("router_aux_loss_coef", "accepted", "the MoE auxiliary loss is added to RPG's loss as in GRPO"),
-    *_rules("accepted", "generation, as in GRPO", "num_generations", "num_generations_eval", "max_completion_length",
-            "ds3_gather_for_generation", "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size",
-            "temperature", "top_p", "top_k", "min_p", "generation_kwargs", "chat_template_kwargs",
-            "repetition_penalty", "cache_implementation", "max_tool_calling_iterations",
-            "use_transformers_continuous_batching", "transformers_continuous_batching_config",
-            "use_transformers_paged", "mask_truncated_completions"),
-    FieldRule("num_iterations", "accepted", "each generation batch is reused for num_iterations passes, as in GRPO"),
-    *_rules("accepted", "vLLM generation, as in GRPO", "use_vllm", "vllm_mode", "vllm_model_impl",
-            "vllm_enable_sleep_mode", "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
-            "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
-            "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_importance_sampling_mode",
-            "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap"),
-    *_rules("accepted", "rewards and advantages, as in GRPO", "reward_weights", "multi_objective_aggregation"),
-    *_rules("accepted", "TRL's entropy bonus and its adaptive controller, added to RPG's loss", "entropy_coef",
-            "use_adaptive_entropy", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"),
-    *_rules("accepted", "logging, as in GRPO", "log_completions", "log_multimodal", "num_completions_to_print",
-            "log_unique_prompts", "log_completions_hub_repo"),
-    *_rules("accepted", "transformers' TrainingArguments field, read as transformers and TRL read it",
-            *_TRAINING_ARGUMENTS),
-]}
+def replaced_here(review: str = "RPGTrainer", owners: dict | None = None) -> list[str]:
+    """Reviewed methods (and owner classes) replaced in this process after TRL was imported (a monkeypatch, a patched
+    subclass put in TRL's place): a check in a fresh process would not see them."""
+    owners, spec, found = owners or _owners(), REVIEWS[review], []
+    for name, path in OWNERS.items():
+        owner = owners.get(name)
+        if owner is not None and owner.__module__.split(".")[0] != path.split(".")[0].split(":")[0]:
+            found.append(f"{name} (now {owner.__module__}.{owner.__qualname__})")
+    for method in spec.methods:
+        owner = owners.get(method.owner)
+        defining = next((c for c in getattr(owner, "__mro__", ()) if method.name in vars(c)), None)
+        func = inspect.unwrap(getattr(owner, method.name, None) or (lambda: None))
+        where = getattr(func, "__qualname__", "")
+        if defining is not None and (where != f"{defining.__qualname__}.{method.name}"
+                                     or getattr(func, "__module__", None) != defining.__module__):
+            found.append(f"{method.qualname} (now {getattr(func, '__module__', '?')}.{where})")
+    return found
 
 
-def unclassified_fields(config_class=None) -> list[str]:
-    """The fields of `config_class` (default: TRL's `GRPOConfig`) that `GRPO_FIELDS` does not classify."""
-    if config_class is None:
-        from trl import GRPOConfig as config_class
-    return [f.name for f in dataclasses.fields(config_class) if f.name not in GRPO_FIELDS]
-
-
-def _table(rules) -> str:
-    rows = ["| GRPOConfig field | under RPG | why |", "|---|---|---|"]
-    for verdict in VERDICTS[1:] + VERDICTS[:1]:
-        rows += [f"| `{rule.name}` | {verdict} | {rule.reason} |" for rule in rules if rule.verdict == verdict]
-    return "\n".join(rows)
-
-
-def drop_in_table() -> str:
-    """The README's table: the GRPOConfig fields RPG changes, refuses or ignores, and the accepted ones whose meaning
-    under RPG a GRPO user should read."""
-    return _table([rule for rule in GRPO_FIELDS.values() if rule.verdict != "accepted" or rule.in_readme])
-
-
-def full_table() -> str:
-    """Every GRPOConfig field, by verdict (docs/drop-in.md)."""
-    return _table(GRPO_FIELDS.values())
+def taken_names(review: str = "RPGTrainer", owners: dict | None = None) -> list[str]:
+    """Names the RPG trainer defines for itself that its TRL base class now defines too (a TRL method RPG's helper
+    would silently replace); the reviewed overrides and TRL's card attributes are RPG's on purpose."""
+    owners, spec = owners or _owners(), REVIEWS[review]
+    base, rpg = owners.get(spec.base), _resolve(spec.trainer)
+    if base is None or rpg is None:
+        return []
+    reviewed = {m.name for m in spec.methods if m.owner == spec.base} | {"_tag_names", "_name", "_paper"}
+    return [f"{spec.base}.{name} (also the name of {rpg.__name__}'s own {name})" for name in vars(rpg)
+            if not (name.startswith("__") and name.endswith("__")) and name not in reviewed and hasattr(base, name)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -340,49 +248,168 @@ def full_table() -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Review:
+    """What one RPG trainer relies on in TRL: `trainer` ("module:attribute" of the RPG class), `base` and `config`
+    (the `OWNERS` names of the TRL trainer it subclasses and of the config whose fields `fields` classifies),
+    `methods` (its reviewed methods) and `versions` (those they were taken from). Its self-check properties are
+    `upgrade_check.PROPERTIES[name]`."""
+
+    trainer: str
+    base: str
+    config: str
+    methods: tuple[ReviewedMethod, ...]
+    fields: dict[str, FieldRule]
+    versions: dict[str, str]
+
+
+#: Each trainer's review, by name: RPGTrainer's here; another trainer adds its own with `register_review`.
+REVIEWS: dict[str, Review] = {"RPGTrainer": Review("trl_rpg.trainer:RPGTrainer", "GRPOTrainer", "GRPOConfig",
+                                                   REVIEWED_METHODS, GRPO_FIELDS, REVIEWED_VERSIONS)}
+
+
+def register_review(name: str, review: Review, owners: dict[str, str] | None = None) -> None:
+    """Add a trainer's review (and the `OWNERS` its methods name, e.g. `{"AsyncGRPOTrainer":
+    "trl.experimental.async_grpo:AsyncGRPOTrainer"}`); its trainer calls `check(args, name)` when built."""
+    OWNERS.update(owners or {})
+    REVIEWS[name] = review
+
+
 class UnreviewedUpgrade(RuntimeError):
     """The installed TRL/transformers differ from the reviewed code in what RPG relies on."""
 
 
-def describe(methods: list[str], fields: list[str], versions: dict[str, str]) -> str:
-    """The error text: what changed, what to review, how to proceed."""
-    installed = ", ".join(f"{name} {version}" for name, version in versions.items())
-    reviewed = ", ".join(f"{name} {version}" for name, version in REVIEWED_VERSIONS.items())
+def _listed(items) -> str:
+    return ", ".join(items)
+
+
+def describe(methods: list[str], fields: list[str], versions: dict[str, str], verdict=None,
+             replaced: list[str] | None = None, reviewed_versions: dict[str, str] = REVIEWED_VERSIONS) -> str:
+    """The error text: what changed, why RPG does not train on it, how to proceed."""
+    installed = _listed(f"{name} {version}" for name, version in versions.items())
+    reviewed = _listed(f"{name} {version}" for name, version in reviewed_versions.items())
     parts = []
     if methods:
-        parts.append(f"these methods RPG overrides or relies on differ from the reviewed code: {', '.join(methods)} "
+        parts.append(f"these methods RPG overrides or relies on differ from the reviewed code: {_listed(methods)} "
                      "(why each matters: trl_rpg.upgrade_guard.REVIEWED_METHODS)")
     if fields:
-        parts.append(f"these GRPOConfig fields are not classified by RPG: {', '.join(fields)} (each must be accepted,"
+        parts.append(f"these GRPOConfig fields are not classified by RPG: {_listed(fields)} (each must be accepted,"
                      " changed, refused or ignored with a reason: trl_rpg.upgrade_guard.GRPO_FIELDS, the table of the"
                      " README's drop-in section)")
+    if replaced:
+        why = (f"{_listed(replaced)} were replaced in this process after TRL was imported, which the upgrade "
+               "self-check (run in a fresh process) cannot see")
+    elif verdict is not None and verdict.error:
+        why = f"the upgrade self-check gave no verdict: {verdict.error}"
+    elif verdict is not None:
+        why = "the upgrade self-check failed: " + "; ".join(f"{r['name']}: {r['detail']}" for r in verdict.failed)
+    else:
+        why = "the upgrade self-check did not run"
+    pins = " ".join(f'"{name}=={version}"' for name, version in reviewed_versions.items())
     return (f"RPGTrainer was reviewed against {reviewed}; installed: {installed}. On this version "
-            f"{'; '.join(parts)}. RPG could train with a changed behaviour silently ignored. To proceed: install the "
-            f"reviewed versions (pip install \"trl=={REVIEWED_VERSIONS['trl']}\" "
-            f"\"transformers=={REVIEWED_VERSIONS['transformers']}\"), or review the difference against "
-            f"trl_rpg/trainer.py and trl_rpg/config.py, record it in trl_rpg/upgrade_guard.py and run "
-            f"tests/test_upgrade_guard.py, or set {ALLOW_ENV}=1 to train anyway with a warning.")
+            f"{'; '.join(parts)}; {why}. RPG could train with a changed behaviour silently ignored. To proceed: "
+            f"install the reviewed versions (pip install {pins}), or review the difference against "
+            "trl_rpg/trainer.py and trl_rpg/config.py (python scripts/trl_upgrade_diff.py lists it), record it in "
+            f"trl_rpg/upgrade_guard.py and run tests/test_upgrade_guard.py, or set {ALLOW_ENV}=1 to train anyway "
+            "with a warning.")
 
 
-def check(owners: dict | None = None, config_class=None) -> list[str]:
-    """Raise `UnreviewedUpgrade` (a warning with `TRL_RPG_ALLOW_UNREVIEWED=1`) when a reviewed method changed or a
-    GRPOConfig field is unclassified; returns the problems found (empty: the reviewed code)."""
+def describe_passed(methods: list[str], fields: list[str], versions: dict[str, str], verdict,
+                    reviewed_versions: dict[str, str] = REVIEWED_VERSIONS) -> str:
+    """The one warning of a run on an unreviewed TRL that passed the self-check: the version, what was checked."""
+    from .upgrade_check import PROPERTIES
+
+    whys = {p.name: p.why for review in PROPERTIES.values() for p in review}
+    checked = "; ".join(whys.get(r["name"], r["name"]) for r in verdict.results)
+    changes = [f"changed methods {_listed(methods)}"] if methods else []
+    changes += [f"new GRPOConfig fields {_listed(fields)} (accepted at their defaults only)"] if fields else []
+    return (f"trl-rpg: trl {versions.get('trl')} is not the reviewed version "
+            f"({_listed(f'{n} {v}' for n, v in reviewed_versions.items())}): {'; '.join(changes)}. The upgrade "
+            f"self-check passed on it ({checked}), so RPG trains on it"
+            f"{f' (verdict cached in {verdict.cached})' if verdict.cached else ''}.")
+
+
+def _allowed() -> bool:
+    return os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+_SAID: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        warnings.warn(message, UserWarning, stacklevel=4)
+
+
+def new_field_values(args, fields: list[str], config_class) -> list[str]:
+    """The unclassified `fields` that `args` sets to another value than their default, as `name=value (default)`."""
+    if args is None:
+        return []
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                for f in dataclasses.fields(config_class) if f.name in fields
+                and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
+    return [f"{name}={getattr(args, name)!r} (default {default!r})" for name, default in defaults.items()
+            if getattr(args, name, default) != default]
+
+
+def check(args=None, review: str = "RPGTrainer") -> list[str]:
+    """Nothing to do on the reviewed code. Otherwise the upgrade self-check decides (`upgrade_verdict`, cached):
+    passed, one warning and RPG trains (a new GRPOConfig field set to another value than its default is refused);
+    failed, `UnreviewedUpgrade` naming the property (a warning with `TRL_RPG_ALLOW_UNREVIEWED=1`). Returns the
+    changes found (empty: the reviewed code)."""
     from importlib.metadata import version
 
-    methods = changed_methods(owners)
-    fields = unclassified_fields(config_class)
-    if not methods and not fields:
-        return []
-    message = describe(methods, fields, {name: version(name) for name in REVIEWED_VERSIONS})
-    if os.environ.get(ALLOW_ENV, "").strip().lower() in ("1", "true", "yes"):
+    from . import upgrade_verdict
+
+    spec, owners = REVIEWS[review], _owners()
+    methods = changed_methods(owners, spec.methods) + taken_names(review, owners)
+    fields = unclassified_fields(owners.get(spec.config), spec.fields)
+    if (not methods and not fields) or os.environ.get(upgrade_verdict.IN_CHECK_ENV):
+        return methods + fields
+    versions = {name: version(name) for name in spec.versions}
+    replaced = replaced_here(review, owners)
+    verdict = None if replaced else upgrade_verdict.verdict(review, method_digests(review, owners), fields)
+    if verdict is not None and verdict.passed:
+        _warn_once(describe_passed(methods, fields, versions, verdict, spec.versions))
+        values = new_field_values(args, fields, owners.get(spec.config))
+        if values:
+            message = (f"{_listed(values)}: GRPOConfig field(s) of trl {versions.get('trl')} that trl-rpg has not "
+                       "reviewed, checked at their defaults only (RPG may ignore another value): leave them at their "
+                       f"defaults, or set {ALLOW_ENV}=1 to train anyway.")
+            if not _allowed():
+                raise UnreviewedUpgrade(message)
+            _warn_once(f"{message} ({ALLOW_ENV} is set: training anyway.)")
+        return methods + fields
+    message = describe(methods, fields, versions, verdict, replaced, spec.versions)
+    if _allowed():
         warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)
         return methods + fields
     raise UnreviewedUpgrade(message)
 
 
-__all__ = ["ALLOW_ENV", "GRPO_FIELDS", "REVIEWED_METHODS", "REVIEWED_VERSIONS", "VERDICTS", "FieldRule",
-           "ReviewedMethod", "UnreviewedUpgrade", "changed_methods", "check", "describe", "drop_in_table",
-           "full_table", "normalised_source", "source_digest", "unclassified_fields"]
+def status(review: str = "RPGTrainer") -> str:
+    """One line for a bug report (`trl-rpg env`): the reviewed code, or the self-check's verdict on this TRL."""
+    from . import upgrade_verdict
+
+    spec, owners = REVIEWS[review], _owners()
+    methods = changed_methods(owners, spec.methods) + taken_names(review, owners)
+    fields = unclassified_fields(owners.get(spec.config), spec.fields)
+    if not methods and not fields:
+        return "the reviewed code (no self-check needed)"
+    verdict = upgrade_verdict.verdict(review, method_digests(review, owners), fields)
+    changed = _listed(methods + [f"new field {name}" for name in fields])
+    if verdict.passed:
+        return f"self-check passed ({changed}; {verdict.cached or 'not cached'})"
+    failed = verdict.error or "; ".join(f"{r['name']}: {r['detail']}" for r in verdict.failed)
+    return f"self-check FAILED, RPGTrainer refuses to train: {failed} ({changed})"
+
+
+__all__ = ["ALLOW_ENV", "GRPO_FIELDS", "OWNERS", "REVIEWED_METHODS", "REVIEWED_VERSIONS", "REVIEWS", "VERDICTS",
+           "FieldRule", "Review", "ReviewedMethod", "UnreviewedUpgrade", "changed_methods", "check", "describe",
+           "describe_passed", "drop_in_table", "full_table", "method_digests", "new_field_values",
+           "normalised_source", "register_review", "replaced_here", "source_digest", "status", "taken_names",
+           "unclassified_fields"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def show_upstream_warnings_once() -> None:
 
 
 _USAGE = """\
-usage: {prog} {{train,demo,plot}} ...
+usage: {prog} {{train,demo,plot,env}} ...
 
 RPG (Regularized Policy Gradient, arXiv:2505.17508) for TRL.
 
@@ -44,6 +44,8 @@ commands:
            accuracy.
   plot     Draw a run's curves (reward, divergence, the range of w, clip fractions) from its trainer_state.json:
            `{prog} plot OUTPUT_DIR` (a run still going too), a checkpoint folder, or the file.
+  env      Print the platform, the versions of trl-rpg and the libraries it runs on, accelerate's config and the
+           upgrade check's verdict on the installed TRL: paste it into a bug report.
 
 examples:
   {prog} demo
@@ -78,11 +80,15 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
         return run_demo_command(rest)
     if command == "plot":
         return run_plot_command(rest, prog=f"{prog} plot")
+    if command == "env":
+        from .env import run_env_command
+
+        return run_env_command(rest)
     if command in ("--version", "version"):
         from .. import __version__
 
         print(f"trl-rpg {__version__}")
         return 0
     print(_USAGE.format(prog=prog), file=sys.stderr)
-    print(f"{prog}: error: unknown command {command!r} (choose 'train', 'demo' or 'plot')", file=sys.stderr)
+    print(f"{prog}: error: unknown command {command!r} (choose 'train', 'demo', 'plot' or 'env')", file=sys.stderr)
     return USAGE_ERROR

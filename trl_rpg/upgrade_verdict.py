@@ -1,0 +1,235 @@
+"""The self-check's verdict on the installed TRL: run once in a fresh process, cached per installed version.
+
+`verdict(review, ...)` is what `upgrade_guard.check` asks when the installed TRL's code is not the reviewed code.
+The verdict is read from the cache when a run with the same key finished before; otherwise `python -m
+trl_rpg.upgrade_verdict` runs the review's properties (`upgrade_check.PROPERTIES`) in a fresh process: no process
+group of the run that asked (its RANK / WORLD_SIZE / ACCELERATE_* are dropped), no GPU (`CUDA_VISIBLE_DEVICES=""`),
+nothing from the Hub and no telemetry (`HF_HUB_OFFLINE=1`, `HF_HUB_DISABLE_TELEMETRY=1`), the same `sys.path`.
+
+- The key: the versions of trl-rpg, trl, transformers, torch, accelerate and Python, the digests of the reviewed
+  methods as installed, the unclassified GRPOConfig fields, the properties and the source of the check itself.
+- Where: `$TRL_RPG_CACHE`, else `$XDG_CACHE_HOME/trl-rpg`, else `~/.cache/trl-rpg` (as `HF_HOME` defaults to
+  `~/.cache/huggingface`), in `upgrade-check/<key>.json`. A cache that cannot be written is skipped (the check
+  runs again next time); several processes asking at once wait on one lock file, so the check runs once.
+- Only conclusive verdicts are cached: a property that held or failed. A check that could not run (it crashed, or
+  timed out after `TIMEOUT_S`) is reported as failed and tried again next time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from . import upgrade_check
+
+logger = logging.getLogger(__name__)
+
+#: Marks the result line the check's process prints (the rest of its output is the libraries' logging).
+RESULT_PREFIX = "TRL_RPG_SELF_CHECK_RESULT "
+#: A hang guard: the check takes seconds.
+TIMEOUT_S = 600
+#: Set in the check's own process: the trainers it builds must not ask for a verdict again.
+IN_CHECK_ENV = "_TRL_RPG_IN_SELF_CHECK"
+#: Environment variables of a distributed launch, dropped for the check's process.
+_LAUNCH_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHELASTIC_RUN_ID")
+VERSIONED = ("trl-rpg", "trl", "transformers", "torch", "accelerate")
+
+
+@dataclass
+class Verdict:
+    """`passed`: every property held; `results`: each property's `{"name", "passed", "detail"}`; `error`: why the
+    check gave no verdict (then `passed` is False and nothing is cached); `cached`: the file it was read from or
+    written to (None: not cached)."""
+
+    passed: bool
+    results: list[dict] = field(default_factory=list)
+    error: str | None = None
+    cached: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[dict]:
+        return [r for r in self.results if not r["passed"]]
+
+    def to_json(self) -> dict:
+        return {"passed": self.passed, "results": self.results, "seconds": round(self.seconds, 1)}
+
+
+def installed_versions() -> dict[str, str]:
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = "not installed"
+    return {**versions, "python": platform.python_version()}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TRL_RPG_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "trl-rpg")
+    return Path(root) / "upgrade-check"
+
+
+def cache_key(review: str, digests: dict[str, str], fields: list[str], properties) -> str:
+    modules = {p.target.split(":")[0] for p in properties} | {"trl_rpg.upgrade_verdict", "trl_rpg.upgrade_check"}
+    check_sources = sorted(_file_digest(module) for module in modules)
+    material = {"review": review, "versions": installed_versions(), "digests": digests, "fields": sorted(fields),
+                "properties": [[p.name, p.target] for p in properties], "check": check_sources}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _file_digest(module: str) -> str:
+    import importlib
+
+    path = importlib.import_module(module).__file__
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def read_cached(key: str) -> Verdict | None:
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Verdict(passed=bool(data["passed"]), results=list(data["results"]), cached=str(path),
+                       seconds=float(data.get("seconds", 0.0)))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_cached(key: str, verdict: Verdict) -> str | None:
+    """The file written, or None when the cache cannot be written (said once in the log, not an error)."""
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temporary = folder / f".{key}.{os.getpid()}.tmp"
+        temporary.write_text(json.dumps(verdict.to_json(), indent=1), encoding="utf-8")
+        os.replace(temporary, folder / f"{key}.json")
+        return str(folder / f"{key}.json")
+    except OSError as error:
+        logger.info("trl-rpg: the upgrade self-check's verdict is not cached (%s): it runs again next time.", error)
+        return None
+
+
+@contextmanager
+def _lock(key: str):
+    """One process runs the check; the others wait for it (no lock where the cache cannot be written)."""
+    try:
+        import fcntl
+
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        handle = open(cache_dir() / f"{key}.lock", "a")  # noqa: SIM115 (held for the block)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()
+
+
+def _child_environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV and not k.startswith("ACCELERATE_")}
+    env.update({IN_CHECK_ENV: "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))})
+    return env
+
+
+def run_check(review: str, properties) -> tuple[Verdict, dict[str, str]]:
+    """Run the properties in a fresh process: the verdict, and the digests of the reviewed methods it saw."""
+    request = json.dumps({"review": review, "properties": [[p.name, p.why, p.target] for p in properties]})
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_verdict"], input=request, capture_output=True,
+                              text=True, env=_child_environment(), timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return Verdict(False, error=f"the self-check did not finish in {TIMEOUT_S} s"), {}
+    seconds = time.monotonic() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        return Verdict(False, error=f"the self-check's process exited {done.returncode}: {tail}"), {}
+    data = json.loads(lines[-1][len(RESULT_PREFIX):])
+    results = data["results"]
+    return Verdict(all(r["passed"] for r in results), results, seconds=seconds), data["digests"]
+
+
+def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
+    """The self-check's verdict on the installed TRL for `review` (cached; run when it is not)."""
+    properties = upgrade_check.PROPERTIES[review]
+    key = cache_key(review, digests, fields, properties)
+    cached = read_cached(key)
+    if cached is not None:
+        return cached
+    with _lock(key):
+        cached = read_cached(key)  # another process may have run it while this one waited
+        if cached is not None:
+            return cached
+        logger.warning("trl-rpg: checking the installed TRL (%s) with the upgrade self-check (seconds; once per "
+                       "installed version)...", installed_versions()["trl"])
+        result, seen = run_check(review, properties)
+        if result.error is None and seen != digests:
+            changed = sorted(name for name in digests if seen.get(name) != digests[name])
+            result = Verdict(False, error=f"the methods {', '.join(changed)} differ between this process and a fresh "
+                                          "import of TRL (patched at run time?): the self-check cannot see them")
+        if result.error is None:
+            result.cached = write_cached(key, result)
+    return result
+
+
+def run_properties(properties, context=None) -> list[dict]:
+    """Each property's result: `{"name", "passed", "detail"}` (an exception is a failure, with where it was
+    raised)."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="trl-rpg-self-check-") as workdir:
+        context = context or upgrade_check.default_context(workdir)
+        context.workdir = workdir
+        for prop in properties:
+            try:
+                detail = prop.function()(context)
+            except Exception as error:  # noqa: BLE001 (a property that cannot run on this TRL has failed)
+                frame = traceback.extract_tb(error.__traceback__)[-1]
+                detail = (f"could not run on this TRL: {type(error).__name__}: {error} (at "
+                          f"{Path(frame.filename).name}:{frame.lineno})")
+            results.append({"name": prop.name, "passed": detail is None, "detail": detail})
+    return results
+
+
+def main() -> int:
+    """The check's own process (`python -m trl_rpg.upgrade_verdict`): reads `{"review", "properties": [[name, why,
+    target], ...]}` on stdin, prints the results and the digests of the methods it saw on one line after
+    `RESULT_PREFIX`."""
+    from . import upgrade_guard
+
+    os.environ[IN_CHECK_ENV] = "1"  # the trainers built here must not ask for a verdict again
+    logging.disable(logging.WARNING)
+    request = json.loads(sys.stdin.read())
+    properties = [upgrade_check.Property(*item) for item in request["properties"]]
+    import torch
+
+    torch.manual_seed(0)
+    results = run_properties(properties)
+    digests = upgrade_guard.method_digests(request.get("review", "RPGTrainer"))
+    print(RESULT_PREFIX + json.dumps({"results": results, "digests": digests}), flush=True)
+    return 0
+
+
+__all__ = ["IN_CHECK_ENV", "RESULT_PREFIX", "TIMEOUT_S", "Verdict", "cache_dir", "cache_key", "installed_versions",
+           "main", "read_cached", "run_check", "run_properties", "verdict", "write_cached"]
+
+if __name__ == "__main__":
+    sys.exit(main())
