@@ -102,9 +102,9 @@ MUTATIONS = [
              "tests/test_evaluation_vllm.py -k k_completions"),
     Mutation("the reference forward leaves RPG's ref adapter active beside the policy's (merged into the vLLM sync)",
              "trl_rpg/reference.py",
-             "                with _compat.use_adapter(policy, adapter_name=adapter):",
+             "                with _compat.use_adapter(policy, adapter_name=adapter), without_dropout(policy):",
              '                policy.base_model.set_adapter([adapter, "default"]) if adapter else None\n'
-             "                with torch.no_grad():",
+             "                with torch.no_grad(), without_dropout(policy):",
              "tests/test_vllm_generation.py -k rpg-colocate-lora"),
     Mutation("guard acts on fp16 overflow instead of leaving it to the gradient scaler", "trl_rpg/gradient_guard.py",
              "    if deepspeed or has_scaler or grad_norm is None:",
