@@ -256,7 +256,8 @@ class RPGTrainer(GRPOTrainer):
                            float(grad_norm), self.state.global_step + 1, self.skipped_steps)
         saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
         saved[key], warning = self._signal.end_step(skipped, saved.get(key),
-                                                    zero_gradient=learning_signal.gradient_is_zero(grad_norm))
+                                                    zero_gradient=learning_signal.gradient_is_zero(grad_norm),
+                                                    no_update=learning_signal.learning_rate_is_zero(self.optimizer))
         if warning:
             logger.warning(warning)
         return grad_norm
