@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .describe import inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
+from .describe import ignored_fields_warning, inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
 from .objectives import DIVERGENCES, ESTIMATORS
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
@@ -256,6 +256,8 @@ class RPGConfig(GRPOConfig):
             warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)
         if truncated_sampling_warning(self):
             warnings.warn(truncated_sampling_warning(self), UserWarning, stacklevel=3)
+        if ignored := ignored_fields_warning(self):
+            warnings.warn(ignored, UserWarning, stacklevel=3)
 
     def _validate_rpg(self):
         def bad(name, value, allowed):

@@ -1,6 +1,6 @@
 """What a resolved `RPGConfig` trains, said to the user: the batch layout TRL runs (`BatchLayout`), the start-up
-line (`describe_objective`) and the construction warnings for a KL term that is inert by construction and for truncated
-sampling where a term relies on the sampler's support.
+line (`describe_objective`) and the construction warnings for a KL term that is inert by construction, for truncated
+sampling where a term relies on the sampler's support, and for GRPOConfig fields RPG ignores set to non-defaults.
 
 Pure functions of the config's fields (any object with `RPGConfig`'s attributes): nothing here imports TRL or
 `trl_rpg.config`, which calls the warnings from `RPGConfig.__post_init__`.
@@ -8,11 +8,13 @@ Pure functions of the config's fields (any object with `RPGConfig`'s attributes)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from .objectives import DIVERGENCE_TABLE
 from .reward_scale import startup_note
+from .upgrade_guard import GRPO_FIELDS
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,18 @@ def truncated_sampling_warning(args) -> str | None:
             "rpg_reference='sampling'); see docs/math.md section 4c.")
 
 
+def ignored_fields_warning(args) -> str | None:
+    """The construction warning for GRPOConfig fields RPG ignores (`upgrade_guard.GRPO_FIELDS`, verdict "ignored")
+    set to a value other than their default, naming each with its value and why; None when there is none."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    set_fields = [f"`{name}`={getattr(args, name)!r} ({rule.reason})" for name, rule in GRPO_FIELDS.items()
+                  if rule.verdict == "ignored" and hasattr(args, name) and getattr(args, name) != defaults.get(name)]
+    if not set_fields:
+        return None
+    return (f"RPGConfig: RPG ignores these GRPOConfig fields, set here to a value other than their default: "
+            f"{'; '.join(set_fields)}. They have no effect on this run (docs/drop-in.md).")
+
+
 _REFERENCE_TEXT = {
     "sampling": "the policy that sampled each batch",
     "initial": "the policy at the start of training, fixed",
@@ -218,5 +232,5 @@ def _advantage_text(args) -> str:
 
 
 __all__ = ["CLIP_ONLY", "EXACTLY_ZERO", "ZERO_IN_EXPECTATION", "BatchLayout", "batch_layout", "describe_objective",
-           "inert_kl_effect", "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "truncated_sampling",
-           "truncated_sampling_warning"]
+           "ignored_fields_warning", "inert_kl_effect", "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert",
+           "truncated_sampling", "truncated_sampling_warning"]
