@@ -76,9 +76,10 @@ class RPGConfig(GRPOConfig):
         rpg_reference (`str`, *optional*, defaults to `"sampling"`):
             `"sampling"`: the sampling policy of each generation batch (no reference model). `"initial"`: the
             policy at the start of training, fixed (full fine-tuning: a copy of the model passed in, not the model
-            TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled; a
-            `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`: `pi_ref <- pi_theta`
-            every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
+            TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled, the policy
+            at the start while the adapter starts as the identity, a warning otherwise (`init_lora_weights=False`,
+            PiSSA, OLoRA); a `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`:
+            `pi_ref <- pi_theta` every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
             average of the token-level divergence exceeds `rpg_reference_kl_target`.
         rpg_reference_update_steps (`int` or `None`, *optional*):
             Optimizer steps between reference updates; required by, and only valid with, `"periodic"`.
@@ -179,7 +180,7 @@ class RPGConfig(GRPOConfig):
     rpg_reference: str = _field(
         "sampling",
         "Reference policy: 'sampling' (the sampler of each generation batch; no reference model), 'initial' (the "
-        "policy at the start of training, fixed), "
+        "policy at the start of training, fixed; with a peft_config the base model, adapter disabled), "
         "'periodic' (updated every rpg_reference_update_steps), 'adaptive' (updated when the divergence average "
         "exceeds rpg_reference_kl_target).",
         choices=list(REFERENCE_MODES),
