@@ -79,8 +79,8 @@ class RPGConfig(GRPOConfig):
             TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled, the policy
             at the start while the adapter starts as the identity, a warning otherwise (`init_lora_weights=False`,
             PiSSA, OLoRA); a `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`:
-            `pi_ref <- pi_theta` every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
-            average of the token-level divergence exceeds `rpg_reference_kl_target`.
+            `pi_ref <- pi_theta` every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta`
+            when a moving average of the token-level divergence exceeds `rpg_reference_kl_target`.
         rpg_reference_update_steps (`int` or `None`, *optional*):
             Optimizer steps between reference updates; required by, and only valid with, `"periodic"`.
         rpg_reference_kl_target (`float` or `None`, *optional*):
