@@ -21,9 +21,9 @@ value and its ``kl_weight``) in :data:`DIVERGENCE_TABLE`, and one body per estim
 Numerics: all arithmetic runs in at least float32 (bfloat16/float16 inputs are upcast). Only the arguments of ``exp``
 are clamped, to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (= +-20, so ``w, rho <= 4.9e8``): beyond the bound the ratio
 saturates and, for the fully differentiable estimators, its gradient through ``w`` is zero. ``log r = logp - logref``
-is formed from the unclamped log-probs (docs/math.md section 3), so the KL weights inside the trust region are exact
-however far the reference is from the sampler; products such as ``w * log r`` stay below ``4.9e8 * |log r|``, far from
-float32/bfloat16 overflow for any finite log-probs (float32 ``exp`` overflows at ~88.7).
+is formed from the unclamped log-probs (docs/math.md section 3): the weights that read it (RKL, URKL) are exact
+however far the reference is from the sampler (FKL's and UFKL's read the clamped ``rho``). Products such as
+``w * log r`` stay below ``4.9e8 * |log r|``, far from overflow for finite log-probs (float32 ``exp``: ~88.7).
 """
 
 from __future__ import annotations
@@ -157,10 +157,8 @@ def _zero_cells(ratio: Tensor, effective_adv: Tensor, clip: tuple) -> dict[str, 
     ratio >= 1 + eps_high``), ``low`` (``A' < 0, ratio <= 1 - eps_low``), ``dual`` (``A' < 0, ratio >= c``)."""
     eps_low, eps_high, c = clip
     positive = effective_adv >= 0
-    high = positive & (ratio >= 1.0 + eps_high)
-    low = ~positive & (ratio <= 1.0 - eps_low)
     dual = ~positive & (ratio >= c) if c is not None else torch.zeros_like(positive)
-    return {"high": high, "low": low, "dual": dual}
+    return {"high": positive & (ratio >= 1.0 + eps_high), "low": ~positive & (ratio <= 1.0 - eps_low), "dual": dual}
 
 
 def _dropped(cells: dict[str, Tensor]) -> Tensor:
