@@ -79,7 +79,7 @@ def test_inert_kl_warning_and_start_line_follow_the_measured_log_ratios(tmp_path
         assert off_policy == layout.off_policy and off_policy_text in line, case
         inert = all(log_r == 0.0 for _, log_r in calls)
         assert warned == inert, case
-        assert ("zero expected gradient" in line) == inert, case
+        assert ("The KL term is 0 at every token here" in line) == inert, case  # urkl: exactly 0 (test_kl_claims)
 
 
 def test_the_warning_says_why_the_kl_term_is_inert(tmp_path):

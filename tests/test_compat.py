@@ -80,3 +80,15 @@ def test_accelerate_and_trl_have_the_launcher_internals_trl_rpg_train_uses():
     command, env = prepare_simple_launcher_cmd_env(completed)
     assert isinstance(env, dict) and command[-1] == "train.py"
     assert _subtract_subsequence(["a", "b", "c"], ["b"]) == ["a", "c"]
+
+
+def test_trl_makes_its_peft_reference_pass_inside_the_use_adapter_rpg_wraps():
+    """`_compat.around_trl_reference_pass` wraps the module global `use_adapter` of TRL's GRPO trainer: TRL's only use
+    of it in `_generate_and_score_completions` is the PEFT reference pass (issue 34 section 1)."""
+    import inspect
+
+    import trl.trainer.grpo_trainer as grpo
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert callable(grpo.use_adapter) and source.count("use_adapter(") == 1
+    assert source.index("use_adapter(") > source.index("ref_per_token_logps")

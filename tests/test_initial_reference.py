@@ -86,3 +86,19 @@ def test_a_reference_that_cannot_be_the_policy_is_named_at_construction(tmp_path
         warnings.simplefilter("error", UserWarning)
         RPGTrainer(model=AutoModelForCausalLM.from_pretrained(model_path), reward_funcs=length_reward, args=args,
                    train_dataset=tiny_dataset())
+
+
+@pytest.mark.parametrize("init", [False, "pissa", "olora"])
+def test_peft_config_whose_adapter_is_not_the_identity_warns_naming_init_lora_weights(tmp_path, model_path, init):
+    """Issue 34 section 5: with such an adapter the adapter-disabled reference is the (residual) base model, not the
+    policy at the start (step-1 divergence measured 1.1e-2, 6.6e-4, 1.8e-3 at learning rate 0), as in GRPO: the
+    trainer says so at construction, naming the setting and the way to regularise towards the start."""
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=1, beta=0.1, rpg_reference="initial"))
+    with pytest.warns(UserWarning, match=rf"init_lora_weights={init!r}: the adapter is not the identity.*not the "
+                                         r"policy at the start.*pass a PeftModel"):
+        RPGTrainer(model=model_path, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(),
+                   peft_config=LoraConfig(init_lora_weights=init, **LORA))
+    with warnings.catch_warnings():  # LoRA's default initialisation (B = 0) is the identity: no warning
+        warnings.filterwarnings("error", message=".*init_lora_weights", category=UserWarning)
+        RPGTrainer(model=model_path, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(),
+                   peft_config=LoraConfig(**LORA))

@@ -1,5 +1,7 @@
 """Numerics and argument checking of `rpg_per_token_loss`: extreme ratios, NaN inputs, masking, ValueErrors."""
 
+import math
+
 import pytest
 import torch
 
@@ -178,3 +180,51 @@ def test_reference_ratio_beyond_exp_overflow_stays_finite(divergence, estimator,
     loss.sum().backward()
     assert torch.isfinite(loss).all() and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v) for v in stats.values())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 34 section 4: the edges (docs/math.md section 3, numerics and the "inside" test)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def kl_coefficient(logp, logmu, logref, adv, divergence, estimator="reinforce", beta=0.5):
+    """-d loss / d logp of single float32 tokens under the paper's clip (eps 0.2 / 0.28, c = 10)."""
+    logp = torch.tensor([[logp]], dtype=torch.float32, requires_grad=True)
+    loss, _ = rpg_per_token_loss(logp, torch.tensor([[logmu]]), torch.tensor([adv]), torch.ones(1, 1),
+                                 ref_logps=torch.tensor([[logref]]), divergence=divergence, estimator=estimator,
+                                 beta=beta, epsilon_low=0.2, epsilon_high=0.28, dual_clip_c=10.0)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    return -grad.item()
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+@pytest.mark.parametrize("ref_prob", [1e-10, 1e-13])
+def test_kl_weight_inside_the_trust_region_uses_the_exact_log_r_beyond_the_exp_bound(divergence, estimator,
+                                                                                        ref_prob):
+    """A token the reference gave 1e-10 (1e-13) that the sampler now gives 0.5: |log rho| = 22.3 (29.2) > 20. With
+    w = 1.05 (inside the trust region) the KL weight is the exact one, from log r = logp - logref; log r built from
+    log-ratios clamped to +-20 gave 0.90x (0.70x) of it."""
+    logmu, w = math.log(0.5), 1.05
+    logp, logref = logmu + math.log(w), math.log(ref_prob)
+    log_r = logp - logref
+    assert abs(logref - logmu) > LOG_RATIO_BOUND
+    exact = {"rkl": -0.5 * w * (log_r + 1), "urkl": -0.5 * w * log_r}[divergence]
+    assert kl_coefficient(logp, logmu, logref, 0.0, divergence, estimator) == pytest.approx(exact, rel=2e-6)
+
+
+@pytest.mark.parametrize("case", ["on the lower bound, fkl", "on the upper bound, urkl"])
+def test_a_ratio_exactly_on_a_bound_is_outside_the_trust_region_for_the_kl_part_too(case):
+    """w exactly float32(0.8) or float32(1.28): the clip table counts the token as outside (strict comparisons), so
+    its KL part is the clipped one, bounded, evaluated on the same float32 w. The test in log space counted it inside
+    and gave the exact, unbounded KL part (FKL with r = e^-18: 2.6e7 instead of 0.5)."""
+    beta, eps_low, eps_high = 0.5, 0.2, 0.28
+    if case.startswith("on the lower"):
+        w, log_r, adv, divergence = 1 - eps_low, -18.0, 0.0, "fkl"
+        expected = beta * w / (1 - eps_low)  # A' >= 0, w <= 1 - eps_low: live, C_bar = beta * w_bar * (1 / r_bar)
+    else:
+        w, log_r, adv, divergence = 1 + eps_high, 18.0, -1.0, "urkl"
+        expected = w * adv - beta * w * math.log(1 + eps_high)  # A' < 0, 1 + eps_high <= w < c: live
+    logp = float(torch.tensor(math.log(w), dtype=torch.float32))
+    assert torch.exp(torch.tensor(logp)) == torch.tensor(w, dtype=torch.float32)  # exactly the bound in float32
+    assert kl_coefficient(logp, 0.0, logp - log_r, adv, divergence) == pytest.approx(expected, rel=1e-6)

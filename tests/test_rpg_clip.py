@@ -40,11 +40,12 @@ def clip_ratio(x):
 
 
 def expected_g(log_w, adv, divergence, log_rho=0.0, beta=0.5):
-    """The section 3 table, from its definition: C_bar is C_KL inside the trust region and, outside it, C_KL at the
-    clipped pair (w_bar, r_bar), i.e. at w_bar with log rho_bar = log w_bar - log r_bar."""
+    """The section 3 table, from its definition: C_bar is C_KL inside the trust region (1 - eps_low < w < 1 + eps_high,
+    strict: a token on a bound is outside) and, outside it, C_KL at the clipped pair (w_bar, r_bar), i.e. at w_bar with
+    log rho_bar = log w_bar - log r_bar."""
     w = math.exp(log_w)
     w_bar = clip_ratio(w)
-    if w_bar == w:
+    if 1 - EPS_LOW < w < 1 + EPS_HIGH:
         c_bar = kl_weight(divergence, w, log_rho, beta)
     else:
         r_bar = clip_ratio(math.exp(log_w - log_rho))

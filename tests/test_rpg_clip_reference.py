@@ -46,8 +46,9 @@ def kl_part(logp, logmu, logref, divergence, beta=BETA):
 
 
 def spec_kl_part(w, r, divergence, beta=BETA):
-    """docs/math.md section 3: beta * w * h(r) inside the trust region, beta * w_bar * h(r_bar) outside it."""
-    inside = clip_ratio(w) == w
+    """docs/math.md section 3: beta * w * h(r) inside the trust region (1 - eps_low < w < 1 + eps_high, strict),
+    beta * w_bar * h(r_bar) outside it."""
+    inside = (w > 1 - EPS_LOW) & (w < 1 + EPS_HIGH)
     return torch.where(inside, beta * w * H[divergence](r), beta * clip_ratio(w) * H[divergence](clip_ratio(r)))
 
 

@@ -258,3 +258,14 @@ def test_token_counts_are_summed_over_processes(tmp_path, model_path):
     trainer.train()
     assert counts == [("sum", [0, 0])] * 2  # one reduction per generation batch, of this process's counts
     assert trainer.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 2, "steps_with_signal": 2}
+
+
+def test_a_run_whose_parameters_never_move_fails(tmp_path, model_path, caplog):
+    """learning_rate=0 (issue 34 section 5): the rewards differ and the gradient is not 0, but no parameter moves; the
+    verdict sees that no update happened (before: 3 of 3 steps "with signal")."""
+    args = RPGConfig(**cpu_args(tmp_path, max_steps=3, learning_rate=0.0))
+    trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    train_without_signal(trainer, caplog, r"none of the 3 optimizer steps carried a learning signal \(3 steps: "
+                                          r"learning rate 0: no update\).*the parameters did not move")
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))

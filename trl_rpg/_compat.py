@@ -18,9 +18,10 @@ what is missing.
 
 and calls or reads these (`CALLED`, `INSTANCE_ATTRIBUTES`): `_calculate_rewards` (its return value, the gathered
 rewards, is captured during generation, see `capture_return`), `_get_per_token_logps_and_entropies`,
-`get_high_entropy_mask`, `get_off_policy_mask`, `_remove_unused_columns`, `Trainer._push_from_checkpoint` (the Hub
-upload of a checkpoint, which transformers queues inside its save and RPGTrainer once the checkpoint is complete,
-with `args.push_to_hub` off during transformers' save); the instance attributes `_buffered_inputs`
+`get_high_entropy_mask`, `get_off_policy_mask`, `_remove_unused_columns`, the module global `use_adapter` of
+`trl.trainer.grpo_trainer` (wrapped during generation, `around_trl_reference_pass`), `Trainer._push_from_checkpoint`
+(the Hub upload of a checkpoint, which transformers queues inside its save and RPGTrainer once the checkpoint is
+complete, with `args.push_to_hub` off during transformers' save); the instance attributes `_buffered_inputs`
 and `_step` (the reused generation batch and the micro-step counter of `GRPOTrainer._prepare_inputs`), `_metrics`,
 `beta` (from which TRL decides whether reference log-probs are computed), `ref_model`, `reward_weights`,
 `reward_func_names`, `multi_objective_aggregation`, `shuffle_dataset`, `entropy_coef`, `_last_world_entropy`,
@@ -44,8 +45,8 @@ ones TRL 1.16 produces); dynamic sampling refuses others.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -112,6 +113,30 @@ def trl_sees_beta(args, beta: float) -> Iterator[None]:
         yield
     finally:
         args.beta = saved
+
+
+@contextmanager
+def around_trl_reference_pass(context: Callable[[Any], AbstractContextManager]) -> Iterator[None]:
+    """Within the block, TRL's PEFT reference pass in `GRPOTrainer._generate_and_score_completions` (the forward
+    inside its `use_adapter(model, ...)`, that method's only use of it) also runs inside `context(model)`.
+
+    RPG's reference must be a deterministic policy (`reference.without_dropout`); TRL computes those log-probs with
+    the model in training mode, where the adapter's `lora_dropout` and the model's dropout are on.
+    """
+    import trl.trainer.grpo_trainer as grpo
+
+    original = grpo.use_adapter
+
+    @contextmanager
+    def wrapped(model, adapter_name):
+        with original(model, adapter_name=adapter_name), context(model):
+            yield
+
+    grpo.use_adapter = wrapped
+    try:
+        yield
+    finally:
+        grpo.use_adapter = original
 
 
 @contextmanager
@@ -182,7 +207,8 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 __all__ = [
     "CALLED", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS",
     "OVERRIDDEN", "deepspeed_checkpoint_types",
-    "PREFIX_CHECKPOINT_DIR", "async_trainer_on_cpu", "capture_return", "recording", "disable_gradient_checkpointing",
+    "PREFIX_CHECKPOINT_DIR", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return", "recording",
+    "disable_gradient_checkpointing",
     "is_async_callable",
     "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "trl_sees_beta", "use_adapter",
 ]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from trl import GRPOConfig
 
-from .describe import inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
+from .describe import ignored_fields_warning, inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
 from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTHS: importable from here as before)
     MIN_CLIP_WIDTH,
     PAPER_CLIP_WIDTHS,
@@ -79,10 +79,11 @@ class RPGConfig(GRPOConfig):
         rpg_reference (`str`, *optional*, defaults to `"sampling"`):
             `"sampling"`: the sampling policy of each generation batch (no reference model). `"initial"`: the
             policy at the start of training, fixed (full fine-tuning: a copy of the model passed in, not the model
-            TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled; a
-            `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`: `pi_ref <- pi_theta`
-            every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta` when a moving
-            average of the token-level divergence exceeds `rpg_reference_kl_target`.
+            TRL reloads from its path; with a `peft_config`: the base model with the new adapter disabled, the policy
+            at the start while the adapter starts as the identity, a warning otherwise (`init_lora_weights=False`,
+            PiSSA, OLoRA); a `PeftModel` passed in: a frozen copy of its initial adapter). `"periodic"`:
+            `pi_ref <- pi_theta` every `rpg_reference_update_steps` optimizer steps. `"adaptive"`: `pi_ref <- pi_theta`
+            when a moving average of the token-level divergence exceeds `rpg_reference_kl_target`.
         rpg_reference_update_steps (`int` or `None`, *optional*):
             Optimizer steps between reference updates; required by, and only valid with, `"periodic"`.
         rpg_reference_kl_target (`float` or `None`, *optional*):
@@ -163,7 +164,7 @@ class RPGConfig(GRPOConfig):
     rpg_reference: str = _field(
         "sampling",
         "Reference policy: 'sampling' (the sampler of each generation batch; no reference model), 'initial' (the "
-        "policy at the start of training, fixed), "
+        "policy at the start of training, fixed; with a peft_config the base model, adapter disabled), "
         "'periodic' (updated every rpg_reference_update_steps), 'adaptive' (updated when the divergence average "
         "exceeds rpg_reference_kl_target).",
         choices=list(REFERENCE_MODES),
@@ -240,6 +241,8 @@ class RPGConfig(GRPOConfig):
             warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)
         if truncated_sampling_warning(self):
             warnings.warn(truncated_sampling_warning(self), UserWarning, stacklevel=3)
+        if ignored := ignored_fields_warning(self):
+            warnings.warn(ignored, UserWarning, stacklevel=3)
 
     def _validate_rpg(self):
         def bad(name, value, allowed):

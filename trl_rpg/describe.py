@@ -1,6 +1,6 @@
 """What a resolved `RPGConfig` trains, said to the user: the batch layout TRL runs (`BatchLayout`), the start-up
-line (`describe_objective`) and the construction warnings for a KL term that is inert by construction and for truncated
-sampling where a term relies on the sampler's support.
+line (`describe_objective`) and the construction warnings for a KL term that is inert by construction, for truncated
+sampling where a term relies on the sampler's support, and for GRPOConfig fields RPG ignores set to non-defaults.
 
 Pure functions of the config's fields (any object with `RPGConfig`'s attributes): nothing here imports TRL or
 `trl_rpg.config`, which calls the warnings from `RPGConfig.__post_init__`.
@@ -8,11 +8,13 @@ Pure functions of the config's fields (any object with `RPGConfig`'s attributes)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from .objectives import DIVERGENCE_TABLE
 from .reward_scale import startup_note
+from .upgrade_guard import GRPO_FIELDS
 
 
 @dataclass(frozen=True)
@@ -80,22 +82,53 @@ def inert_kl_reason(args) -> str | None:
 
 
 def kl_term_is_inert(args) -> bool:
-    """True when the KL term has zero expected gradient by construction (`inert_kl_reason`)."""
+    """True when log(pi/ref) = 0 at every token by construction (`inert_kl_reason`); what beta then does, per
+    divergence and estimator, is `inert_kl_effect`."""
     return inert_kl_reason(args) is not None
 
 
+#: What beta does where log(pi/ref) = 0 at every token (`inert_kl_effect`), docs/math.md section 3.
+EXACTLY_ZERO, ZERO_IN_EXPECTATION, CLIP_ONLY = "exactly zero", "zero in expectation", "through the clip only"
+
+
+def inert_kl_effect(args) -> str | None:
+    """What beta does where the KL term is inert by construction (None where it can act). At r = 1 every KL part is
+    `beta * w * h(1)`: UFKL and URKL have h(1) = 0, so `EXACTLY_ZERO`. FKL and RKL have `+-beta * w`, whose mean under
+    the sampler is 0 (`ZERO_IN_EXPECTATION`) where nothing selects tokens by it: every micro-batch on-policy (w = 1,
+    every token inside the trust region) or the differentiable estimator (its KL term is unclipped). With the
+    REINFORCE estimator on reused batches the clip keeps each token by the sign of A' = A +- beta: `CLIP_ONLY`, the
+    expected gradient changes with beta though nothing pulls towards a reference."""
+    if not kl_term_is_inert(args):
+        return None
+    if args.rpg_divergence in ("ufkl", "urkl"):
+        return EXACTLY_ZERO
+    if args.rpg_estimator == "reinforce" and batch_layout(args).off_policy > 0:
+        return CLIP_ONLY
+    return ZERO_IN_EXPECTATION
+
+
 def inert_kl_warning(args) -> str:
-    """The construction warning for a KL term that is inert by construction (`inert_kl_reason`)."""
-    exact = args.rpg_divergence in ("ufkl", "urkl")
-    effect = ("the KL part of every token's gradient is 0 and the run trains exactly as with beta=0" if exact else
-              f"the KL part of every token's gradient is +-beta*w, whose mean under the sampler is 0 (with "
-              f"rpg_divergence={args.rpg_divergence!r} and the REINFORCE clip, +-beta*w_bar outside the trust "
-              "region), so the run trains as with beta=0 in expectation")
-    return (f"RPGConfig: beta={args.beta} regularises nothing here. {inert_kl_reason(args)} and log(pi/ref) = 0 at "
-            f"every token: {effect}. Reuse each batch for several optimizer steps (rpg_generation_reuse > 1, "
-            "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
-            "or regularise towards a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with "
-            "rpg_reference_update_steps > 1, or 'adaptive').")
+    """The construction warning for a KL term that is inert by construction (`inert_kl_reason`), saying what beta
+    does there for this divergence and estimator (`inert_kl_effect`)."""
+    effect, divergence = inert_kl_effect(args), f"rpg_divergence={args.rpg_divergence!r}"
+    if effect == CLIP_ONLY:
+        head = f"beta={args.beta} regularises towards nothing here, yet changes the gradient"
+        what = (f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
+                "is 0 only without the clip: RPG-Style Clip keeps or drops each token outside the trust region by the "
+                "sign of A' = A +- beta (rpg_estimator='reinforce'), so the run trains neither as with beta=0 nor "
+                "towards a reference (docs/math.md section 3)")
+    else:
+        head = f"beta={args.beta} regularises nothing here"
+        what = (f"with {divergence} the KL part of every token's gradient is 0 and the run trains exactly as with "
+                "beta=0" if effect == EXACTLY_ZERO else
+                f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
+                "is 0 (every token inside the trust region, or the differentiable estimator's unclipped KL term), so "
+                "the run trains as with beta=0 in expectation")
+    return (f"RPGConfig: {head}. {inert_kl_reason(args)} and log(pi/ref) = 0 at every token: {what}. Reuse each batch "
+            "for several optimizer steps (rpg_generation_reuse > 1, steps_per_generation > "
+            "gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, or regularise towards "
+            "a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with rpg_reference_update_steps > "
+            "1, or 'adaptive').")
 
 
 def truncated_sampling(args) -> list[str]:
@@ -132,6 +165,18 @@ def truncated_sampling_warning(args) -> str | None:
             f"{'; and '.join(reasons)}. Train with top_p=1.0, top_k=0 and min_p=None (truncate at evaluation only), "
             "or turn off what relies on the sampler's support (vllm_importance_sampling_correction=False, "
             "rpg_reference='sampling'); see docs/math.md section 4c.")
+
+
+def ignored_fields_warning(args) -> str | None:
+    """The construction warning for GRPOConfig fields RPG ignores (`upgrade_guard.GRPO_FIELDS`, verdict "ignored")
+    set to a value other than their default, naming each with its value and why; None when there is none."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    set_fields = [f"`{name}`={getattr(args, name)!r} ({rule.reason})" for name, rule in GRPO_FIELDS.items()
+                  if rule.verdict == "ignored" and hasattr(args, name) and getattr(args, name) != defaults.get(name)]
+    if not set_fields:
+        return None
+    return (f"RPGConfig: RPG ignores these GRPOConfig fields, set here to a value other than their default: "
+            f"{'; '.join(set_fields)}. They have no effect on this run (docs/drop-in.md).")
 
 
 _REFERENCE_TEXT = {
@@ -179,7 +224,10 @@ def describe_objective(args) -> str:
     elif kl_term_is_inert(args):
         why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
                "reference refreshed to the policy after every optimizer step")
-        line += f" The KL term has zero expected gradient here ({why})."
+        line += {EXACTLY_ZERO: f" The KL term is 0 at every token here ({why}): the run trains as with beta=0.",
+                 ZERO_IN_EXPECTATION: f" The KL term has zero expected gradient here ({why}).",
+                 CLIP_ONLY: f" The KL term regularises towards nothing here ({why}), but its +-beta*w changes which "
+                            "tokens the clip keeps: not the same as beta=0."}[inert_kl_effect(args)]
     return line
 
 
@@ -208,6 +256,7 @@ def _advantage_text(args) -> str:
             f"{args.scale_rewards!r}{_scale_clause(args)})")
 
 
-__all__ = ["BatchLayout", "batch_layout", "clip_text", "describe_async_objective", "describe_objective",
+__all__ = ["CLIP_ONLY", "EXACTLY_ZERO", "ZERO_IN_EXPECTATION", "BatchLayout", "batch_layout", "clip_text",
+           "describe_async_objective", "describe_objective", "ignored_fields_warning", "inert_kl_effect",
            "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "truncated_sampling",
            "truncated_sampling_warning"]

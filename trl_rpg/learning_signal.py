@@ -22,7 +22,8 @@ Definitions (what the trainer feeds in, and what is decided):
   counts are summed over processes, so every process decides the same. With dynamic sampling, (1) reads the groups of
   every round of the batch.
 - An optimizer step carries signal when it was not skipped by the non-finite-gradient guard, its gradient norm is not
-  exactly 0 (`gradient_is_zero`: then it changed nothing, whatever its batch offered) and a generation batch it
+  exactly 0 (`gradient_is_zero`: then it changed nothing, whatever its batch offered), its learning rate is not 0
+  (`learning_rate_is_zero`: `learning_rate=0`, or a schedule at 0, moves no parameter) and a generation batch it
   trained on carries signal: the batches generated since the previous optimizer step or, when none was (a batch
   reused for several steps), the latest one. The whole batch is judged, not the slice a step trains on.
 - The KL penalty (`beta`) and TRL's entropy bonus are not counted as signal. Without reward signal they can only pull
@@ -69,12 +70,14 @@ __all__ = [
     "ZERO_ADVANTAGE",
     "ZERO_GRADIENT",
     "ZERO_SPREAD",
+    "NO_UPDATE",
     "HINTS",
     "BatchFacts",
     "SignalTally",
     "batch_facts",
     "check_reward_model_scores",
     "gradient_is_zero",
+    "learning_rate_is_zero",
     "step_cause",
 ]
 
@@ -137,6 +140,7 @@ ALL_MASKED = "every completion token masked"
 ZERO_ADVANTAGE = "every advantage 0 although rewards differ"
 SKIPPED = "skipped by the non-finite-gradient guard"
 ZERO_GRADIENT = "gradient exactly 0"
+NO_UPDATE = "learning rate 0: no update"
 
 #: What to check, per cause.
 HINTS = {
@@ -147,6 +151,8 @@ HINTS = {
     SKIPPED: "the gradient norm was not finite: see the skipped-step warnings",
     ZERO_GRADIENT: ("the gradient norm was 0.0: every trained-on token sat in a zero-gradient region of the clip "
                     "(epsilon, epsilon_high, rpg_dual_clip_c), or no trainable parameter reaches the loss"),
+    NO_UPDATE: ("the optimizer's learning rate was 0 at that step (learning_rate=0, or a schedule at 0: warmup's "
+                "first step, a decay's end), so the parameters did not move"),
 }
 
 
@@ -208,17 +214,26 @@ def batch_facts(rewards_per_round: Sequence[torch.Tensor], advantages: torch.Ten
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def step_cause(batches: Sequence[BatchFacts], skipped: bool, zero_gradient: bool = False) -> str | None:
+def step_cause(batches: Sequence[BatchFacts], skipped: bool, zero_gradient: bool = False,
+               no_update: bool = False) -> str | None:
     """Why an optimizer step that trained on `batches` carried no signal (None when it did). A batch cause comes
-    before the step's own (skipped, or a gradient exactly 0: the batch is the root); a step with no batch to judge
-    has only its own."""
+    before the step's own (skipped, a gradient exactly 0, or no update: a learning rate of 0; the batch is the root);
+    a step with no batch to judge has only its own."""
     own = SKIPPED if skipped else ZERO_GRADIENT if zero_gradient else None
+    own = NO_UPDATE if own is None and no_update else own
     if not batches:
         return own
     causes = [b.cause for b in batches]
     if any(c is None for c in causes):
         return own
     return causes[-1]
+
+
+def learning_rate_is_zero(optimizer) -> bool:
+    """Whether every parameter group of `optimizer` has learning rate 0 at the step being taken (read before
+    `optimizer.step()`, after the previous scheduler step): the step then moves no parameter, whatever its gradient
+    (decoupled weight decay is scaled by the learning rate too)."""
+    return optimizer is not None and all(float(group["lr"]) == 0.0 for group in optimizer.param_groups)
 
 
 def gradient_is_zero(grad_norm) -> bool:
@@ -257,10 +272,10 @@ class SignalTally:
         self._pending.append(facts)
         self._latest = facts
 
-    def end_step(self, skipped: bool, saved: dict | None = None,
-                 zero_gradient: bool = False) -> tuple[dict, str | None]:
+    def end_step(self, skipped: bool, saved: dict | None = None, zero_gradient: bool = False,
+                 no_update: bool = False) -> tuple[dict, str | None]:
         """Judge the optimizer step being taken (`skipped`: by the non-finite-gradient guard; `zero_gradient`: its
-        gradient norm is exactly 0, `gradient_is_zero`).
+        gradient norm is exactly 0, `gradient_is_zero`; `no_update`: its learning rate is 0, `learning_rate_is_zero`).
 
         `saved` is the trainer state's entry under `STATE_KEY`; it is read at the first step only (a resumed run's
         counts so far). Returns the entry to store back and the warning to log, if this step completes `WARN_AFTER`
@@ -272,7 +287,7 @@ class SignalTally:
             self.prior_steps_with_signal = int(saved.get("steps_with_signal", 0))
         batches = self._pending or ([self._latest] if self._latest is not None else [])
         self._pending = []
-        cause = step_cause(batches, skipped, zero_gradient)
+        cause = step_cause(batches, skipped, zero_gradient, no_update)
         self.steps += 1
         warning = None
         if cause is None:
@@ -300,9 +315,9 @@ class SignalTally:
         resumed = f" (and none of the {self.prior_steps} before the resumed checkpoint)" if self.prior_steps else ""
         return (f"RPGTrainer: none of the {self.steps} optimizer steps{resumed} carried a learning signal "
                 f"({_counted(self.causes)}), so the model was trained on nothing. A step carries signal when it is "
-                "not skipped, its gradient is not exactly 0 and its generation batch has a group whose rewards differ "
-                "and a trained-on token with a non-zero advantage (the KL penalty and the entropy bonus do not "
-                f"count). {_hints(self.causes)}")
+                "not skipped, its gradient is not exactly 0, its learning rate is not 0 and its generation batch has "
+                "a group whose rewards differ and a trained-on token with a non-zero advantage (the KL penalty and "
+                f"the entropy bonus do not count). {_hints(self.causes)}")
 
 
 # ------------------------------------------------------------------------------------------------------------------

@@ -18,11 +18,12 @@ value and its ``kl_weight``) in :data:`DIVERGENCE_TABLE`, and one body per estim
 :data:`OBJECTIVES` holds every (divergence, estimator) pair derived from them, so adding a divergence is one row.
 :func:`rpg_per_token_loss` validates the inputs, handles masking, non-finite values and numerics, and dispatches.
 
-Numerics: all arithmetic runs in at least float32 (bfloat16/float16 inputs are upcast). Log-ratios are clamped to
-``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (= +-20, so ``w <= 4.9e8``) before any ``exp``; beyond the bound the
-ratio saturates and, for the fully differentiable estimators, its gradient through ``w`` is zero. With the bound,
-products such as ``w * log r`` stay below ~2e10, far from float32/bfloat16 overflow, so the loss and its gradient
-stay finite for any input log-ratio (float32 ``exp`` overflows at ~88.7).
+Numerics: all arithmetic runs in at least float32 (bfloat16/float16 inputs are upcast). Only the arguments of ``exp``
+are clamped, to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (= +-20, so ``w, rho <= 4.9e8``): beyond the bound the ratio
+saturates and, for the fully differentiable estimators, its gradient through ``w`` is zero. ``log r = logp - logref``
+is formed from the unclamped log-probs (docs/math.md section 3): the weights that read it (RKL, URKL) are exact
+however far the reference is from the sampler (FKL's and UFKL's read the clamped ``rho``). Products such as
+``w * log r`` stay below ``4.9e8 * |log r|``, far from overflow for finite log-probs (float32 ``exp``: ~88.7).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ __all__ = [
     "rpg_per_token_loss",
 ]
 
-#: Log-ratios (log w, log rho) are clamped to +-LOG_RATIO_BOUND before exponentiation.
+#: The arguments of exp (log w, log rho) are clamped to +-LOG_RATIO_BOUND; log r itself is not.
 LOG_RATIO_BOUND = 20.0
 
 Tensor = torch.Tensor
@@ -99,10 +100,12 @@ DIVERGENCES = tuple(_BY_NAME)
 class ObjectiveInputs:
     """Per-token quantities handed to an estimator body. All tensors are (B, T) in the compute dtype.
 
-    ``logp``, ``log_w``, ``w`` and ``reward_w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are constants.
-    ``w`` is the per-token ratio the KL term uses; ``reward_w`` the ratio that weighs the reward term and that the
-    clip tests (``w`` itself at token level, the sequence's ratio under GSPO: docs/math.md section 4b).
-    ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with ``dual_clip_c`` possibly None.
+    ``logp``, ``log_w``, ``log_r``, ``w`` and ``reward_w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are
+    constants. ``log_r = logp - logref`` is exact (from the unclamped log-probs); ``log_w`` and ``log_rho`` are the
+    clamped arguments of ``w`` and ``rho``. ``w`` is the per-token ratio the KL term uses; ``reward_w`` the ratio that
+    weighs the reward term (``w`` itself at token level, the sequence's ratio under GSPO, ``sequence_level=True``:
+    docs/math.md section 4b). ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with
+    ``dual_clip_c`` possibly None.
     """
 
     logp: Tensor
@@ -114,11 +117,8 @@ class ObjectiveInputs:
     beta: float
     clip: tuple[float, float, float | None] | None
     reward_w: Tensor
-
-    @property
-    def log_r(self) -> Tensor:
-        """log(pi_theta / pi_ref) = log w - log rho (carries the gradient)."""
-        return self.log_w - self.log_rho
+    log_r: Tensor
+    sequence_level: bool = False
 
 
 def divergence_value(divergence: str, w: Tensor, log_r: Tensor, rho: Tensor) -> Tensor:
@@ -135,19 +135,34 @@ def divergence_value(divergence: str, w: Tensor, log_r: Tensor, rho: Tensor) -> 
 def _clipped_kl_arguments(x: ObjectiveInputs) -> tuple[Tensor, Tensor, Tensor]:
     """The arguments ``(w_bar, log r_bar, rho_bar)`` of the clipped KL part ``C_bar = beta * kl_weight(...)``.
 
-    Every KL part is ``beta * w * h(r)`` (docs/math.md section 3). Inside the trust region (``w = w_bar``) the
-    arguments are exact: ``(w, log r, rho)``. Outside it both ratios are clipped to ``[1 - eps_low, 1 + eps_high]``:
-    ``(w_bar, log r_bar, w_bar / r_bar)``, so ``C_bar`` is bounded and, for UFKL and URKL, 0 where pi = pi_ref and of
-    the exact sign. With rho = 1, r = w and this is Remark F.2 (w -> w_bar and log w -> log w_bar).
+    Every KL part is ``beta * w * h(r)`` (docs/math.md section 3). Inside the trust region, ``1 - eps_low < w <
+    1 + eps_high`` (the clip table's own strict comparisons, on the same ``w``), the arguments are exact:
+    ``(w, log r, rho)``. Outside it both ratios are clipped to ``[1 - eps_low, 1 + eps_high]``: ``(w_bar, log r_bar,
+    w_bar / r_bar)``, so ``C_bar`` is bounded and, for UFKL and URKL, 0 where pi = pi_ref and of the exact sign. With
+    rho = 1, r = w and this is Remark F.2 (w -> w_bar and log w -> log w_bar).
     """
     eps_low, eps_high, _ = x.clip
     lower, upper = math.log(1.0 - eps_low) if eps_low < 1.0 else -math.inf, math.log1p(eps_high)
-    log_w, log_r = x.log_w.detach(), x.log_r.detach()
-    log_w_bar = log_w.clamp(min=lower, max=upper)
-    inside = log_w_bar == log_w
+    w, log_r = x.w.detach(), x.log_r.detach()
+    inside = (w > 1.0 - eps_low) & (w < 1.0 + eps_high)
+    w_bar = w.clamp(min=1.0 - eps_low, max=1.0 + eps_high)  # w itself inside
+    log_w_bar = w_bar.log()
     log_r_bar = torch.where(inside, log_r, log_r.clamp(min=lower, max=upper))
     rho_bar = torch.where(inside, x.rho, (log_w_bar - log_r_bar).exp())
-    return log_w_bar.exp(), log_r_bar, rho_bar
+    return w_bar, log_r_bar, rho_bar
+
+
+def _zero_cells(ratio: Tensor, effective_adv: Tensor, clip: tuple) -> dict[str, Tensor]:
+    """The three zero-gradient cells of the clip table (docs/math.md section 3), boolean (B, T): ``high`` (``A' >= 0,
+    ratio >= 1 + eps_high``), ``low`` (``A' < 0, ratio <= 1 - eps_low``), ``dual`` (``A' < 0, ratio >= c``)."""
+    eps_low, eps_high, c = clip
+    positive = effective_adv >= 0
+    dual = ~positive & (ratio >= c) if c is not None else torch.zeros_like(positive)
+    return {"high": positive & (ratio >= 1.0 + eps_high), "low": ~positive & (ratio <= 1.0 - eps_low), "dual": dual}
+
+
+def _dropped(cells: dict[str, Tensor]) -> Tensor:
+    return cells["high"] | cells["low"] | cells["dual"]
 
 
 def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict | None]:
@@ -157,28 +172,32 @@ def reinforce(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict 
     section 3) the KL part ``C_bar`` is exact inside the trust region and, outside it, evaluated at the clipped pair
     ``w_bar = clip(w, 1 - eps_low, 1 + eps_high)``, ``r_bar = clip(r, 1 - eps_low, 1 + eps_high)``
     (:func:`_clipped_kl_arguments`; with rho = 1 this is Remark F.2); the branch is on the sign of the effective
-    advantage ``A' = A + C_bar / w``, and three cells get ``g = 0``: ``A' >= 0, w >= 1 + eps_high``;
-    ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``. The other two cells outside the trust region keep
+    advantage ``A' = A + C_bar / w``, and three cells get ``g = 0`` (:func:`_zero_cells`): ``A' >= 0, w >= 1 +
+    eps_high``; ``A' < 0, w <= 1 - eps_low``; ``A' < 0, w >= c``. The other two cells outside the trust region keep
     ``g = w * A + C_bar`` (``A' >= 0, w <= 1 - eps_low`` and ``A' < 0, 1 + eps_high <= w < c``).
-    Under GSPO the reward part and the trust-region test use the sequence ratio ``s`` (``reward_w``): ``g = s * A +
-    C_bar`` and ``A' = A + C_bar / s``; ``C_bar`` stays per token (docs/math.md section 4b).
+    Under GSPO (docs/math.md section 4b) the two terms are clipped apart: the reward term ``s * A`` by the table on
+    the sequence ratio ``s`` (``reward_w``) with ``A' = A``; the KL part ``C_bar`` by the table for a token with
+    ``A = 0`` on its own ``w`` (``A' = C_bar / w``), so a sequence whose ``s`` leaves the trust region keeps the KL
+    part of its tokens.
     """
-    w = x.reward_w.detach()
+    w = x.w.detach()
     if x.clip is None:
-        g = w * x.adv + x.beta * divergence.kl_weight(x.w.detach(), x.log_r.detach(), x.rho)
+        g = x.reward_w.detach() * x.adv + x.beta * divergence.kl_weight(w, x.log_r.detach(), x.rho)
         return -g * x.logp, None
 
-    eps_low, eps_high, c = x.clip
     c_bar = x.beta * divergence.kl_weight(*_clipped_kl_arguments(x))
-    effective_adv = x.adv + c_bar / w
-    positive = effective_adv >= 0
-    high = positive & (w >= 1.0 + eps_high)
-    low = ~positive & (w <= 1.0 - eps_low)
-    dual = ~positive & (w >= c) if c is not None else torch.zeros_like(positive)
-    g = torch.where(high | low | dual, torch.zeros_like(w), w * x.adv + c_bar)
+    if not x.sequence_level:  # one table on A' = A + C_bar / w
+        effective_adv = x.adv + c_bar / w
+        cells = _zero_cells(w, effective_adv, x.clip)
+        g = torch.where(_dropped(cells), torch.zeros_like(w), w * x.adv + c_bar)
+    else:
+        s, effective_adv = x.reward_w.detach(), x.adv
+        cells = _zero_cells(s, effective_adv, x.clip)
+        kl_live = ~_dropped(_zero_cells(w, c_bar / w, x.clip))
+        g = torch.where(_dropped(cells), torch.zeros_like(w), s * x.adv) + torch.where(kl_live, c_bar, 0.0)
     # A' = 0 gives g = 0 in every branch; the regions (for the logged clip fractions) hold tokens with A' != 0 only
     nonzero = effective_adv != 0
-    return -g * x.logp, {"high": high & nonzero, "low": low, "dual": dual}
+    return -g * x.logp, {"high": cells["high"] & nonzero, "low": cells["low"], "dual": cells["dual"]}
 
 
 def differentiable(x: ObjectiveInputs, divergence: Divergence) -> tuple[Tensor, dict | None]:
@@ -404,13 +423,12 @@ def rpg_per_token_loss(
         reward_w = w
     else:
         reward_w = (torch.where(valid, reward_logp, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
-    if logref is None:
-        log_rho = zeros
-    else:
-        log_rho = (torch.where(valid, logref, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    # log r from the unclamped log-probs; only the arguments of exp are clamped (docs/math.md section 3, numerics)
+    logref = logmu if logref is None else torch.where(valid, logref, zeros)
+    log_rho = (logref - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     inputs = ObjectiveInputs(
         logp=logp_safe, log_w=log_w, w=w, log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
-        clip=clip, reward_w=reward_w,
+        clip=clip, reward_w=reward_w, log_r=logp_safe - logref, sequence_level=reward_logps is not None,
     )
     loss, regions = OBJECTIVES[(divergence, estimator)](inputs)
     per_token_loss = torch.where(valid, loss, zeros)

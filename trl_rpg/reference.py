@@ -10,13 +10,21 @@
   model does not have the policy's parameters (resized embeddings), it cannot be, and the trainer warns that the
   reference is the model as saved at that path. PEFT with a `peft_config`: the model with the new adapter disabled
   (the base model, equal to the policy at the start while the adapter starts as the identity, as LoRA's default
-  initialisation does). A `PeftModel` passed in: the initial adapter, a frozen copy TRL adds as the adapter "ref".
+  initialisation does; for any other `init_lora_weights` (False, PiSSA, OLoRA...) or PEFT method the trainer warns,
+  as the reference is then the residual base, as in GRPO). A `PeftModel` passed in: the initial adapter, a frozen
+  copy TRL adds as the adapter "ref".
 - `"periodic"` / `"adaptive"`: pi_ref <- pi_theta every `rpg_reference_update_steps` optimizer steps, or when the
   moving average of the per-step divergence exceeds `rpg_reference_kl_target`. The copy lives in TRL's reference
   model (full fine-tuning) or in a frozen copy of the LoRA adapter named "ref" (PEFT: TRL's `sync_ref_model`
   refuses PEFT). Under ZeRO-3 the copy is made from gathered parameters a bounded group at a time
   (`copy_parameters`, `gather_to_cpu`, `scatter_from_cpu` at the end of this module: at most `ZERO3_GATHER_NUMEL`
   elements at once, for the update, the checkpoint snapshot and its restore).
+
+The reference is a deterministic policy: every reference pass runs with every module in eval mode
+(`without_dropout`: no `lora_dropout` of the "ref" adapter, no model dropout, whatever `disable_dropout` says), TRL's
+own pass at generation included (`_compat.around_trl_reference_pass`); a full fine-tuning reference model is in eval
+mode throughout (TRL loads it so and never trains it). The sampler's and the policy's log-probs are TRL's, in training
+mode, as in GRPO (with dropout on, each is one dropout draw: docs/math.md section 4).
 
 Every update bumps `version`. Generation batches are tagged with the version their reference log-probs were
 computed with; a batch reused after an update recomputes them, once.
@@ -26,7 +34,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +52,41 @@ MOVING = ("periodic", "adaptive")
 REFERENCE_ADAPTER = "ref"
 #: Key of the version tag in a generation batch.
 VERSION_KEY = "rpg_ref_version"
+
+
+@contextmanager
+def without_dropout(model: nn.Module) -> Iterator[None]:
+    """Within the block every module of `model` is in eval mode (no dropout of any kind: `nn.Dropout`, LoRA's
+    `lora_dropout`, attention dropout read from `self.training`); each module's own mode is restored after."""
+    training = [module for module in model.modules() if module.training]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module in training:
+            module.training = True
+
+
+#: `init_lora_weights` values with which a new LoRA adapter starts as the identity (B = 0, base weights unchanged).
+IDENTITY_LORA_INITS = (True, "gaussian", "eva")
+
+
+def initial_adapter_warning(model) -> str | None:
+    """For `rpg_reference="initial"` with a `peft_config`: the reference is the model with the new adapter disabled,
+    the policy at the start only while the adapter starts as the identity. A warning naming `init_lora_weights` where
+    it does not (or the PEFT method, where RPG cannot tell), else None."""
+    config = model.peft_config.get("default")
+    init = getattr(config, "init_lora_weights", None)
+    if config is None or init in IDENTITY_LORA_INITS:
+        return None
+    what = (f"init_lora_weights={init!r}: the adapter is not the identity at the start"
+            if hasattr(config, "init_lora_weights")
+            else f"a {type(config).__name__} adapter, not known to be the identity at the start")
+    return (f"RPGTrainer: rpg_reference='initial' with a peft_config ({what}). The reference is the model with the "
+            "adapter disabled (the base model; PiSSA's or OLoRA's residual), not the policy at the start of training, "
+            "as in GRPOTrainer. To regularise towards the policy at the start, pass a PeftModel "
+            "(get_peft_model(model, peft_config)) instead of peft_config, whose initial adapter is then copied as the "
+            "reference, or use LoRA's default init_lora_weights=True.")
 
 
 @dataclass
@@ -92,6 +136,10 @@ class ReferencePolicy:
             warnings.warn(warning, UserWarning, stacklevel=3)
         if schedule in MOVING:
             self._add_reference_adapter()
+        elif (schedule == "initial" and trainer.ref_model is None and is_peft_model(self._policy)
+              and REFERENCE_ADAPTER not in self._policy.peft_config
+              and (warning := initial_adapter_warning(self._policy))):
+            warnings.warn(warning, UserWarning, stacklevel=3)
 
     # -- which parameters hold it ---------------------------------------------------------------------------------
 
@@ -166,12 +214,12 @@ class ReferencePolicy:
         with torch.no_grad(), _compat.disable_gradient_checkpointing(trainer.model,
                                                                       trainer.args.gradient_checkpointing_kwargs):
             if trainer.ref_model is not None:
-                ref, _, _ = trainer._get_per_token_logps_and_entropies(
+                ref, _, _ = trainer._get_per_token_logps_and_entropies(  # in eval mode, as TRL loads it
                     trainer.ref_model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
             else:  # PEFT: the "ref" adapter (moving, or a PeftModel's initial adapter), or the adapter disabled
                 policy = self._policy
                 adapter = REFERENCE_ADAPTER if REFERENCE_ADAPTER in policy.peft_config else None
-                with _compat.use_adapter(policy, adapter_name=adapter):
+                with _compat.use_adapter(policy, adapter_name=adapter), without_dropout(policy):
                     ref, _, _ = trainer._get_per_token_logps_and_entropies(
                         trainer.model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
         inputs["ref_per_token_logps"] = ref
@@ -340,5 +388,6 @@ def scatter_from_cpu(params: Sequence[nn.Parameter], tensors: Sequence[torch.Ten
                     p.data.copy_(t.to(p.device, p.dtype))
 
 
-__all__ = ["MOVING", "VERSION_KEY", "ZERO3_GATHER_NUMEL", "AdaptiveTrigger", "ReferencePolicy", "ReferenceSchedule",
+__all__ = ["IDENTITY_LORA_INITS", "MOVING", "VERSION_KEY", "ZERO3_GATHER_NUMEL", "AdaptiveTrigger", "ReferencePolicy",
+           "ReferenceSchedule", "initial_adapter_warning", "without_dropout",
            "copy_parameters", "gather_to_cpu", "scatter_from_cpu"]

@@ -37,7 +37,7 @@ from .loss import (
     window_entropy,
 )
 from .objectives import rpg_per_token_loss
-from .reference import MOVING, ReferencePolicy, ReferenceSchedule
+from .reference import MOVING, ReferencePolicy, ReferenceSchedule, without_dropout
 from .reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
 from .reward_scale import RewardScaleCheck
 from .rewards import check_reward_columns
@@ -131,7 +131,8 @@ class RPGTrainer(GRPOTrainer):
 
     def _rpg_generate_and_score(self, batch):
         """TRL's generation and scoring of `batch`, and the rewards (gathered over processes) it computed."""
-        with _compat.capture_return(self, "_calculate_rewards") as returned:
+        with _compat.capture_return(self, "_calculate_rewards") as returned, \
+                _compat.around_trl_reference_pass(without_dropout):  # a deterministic reference (reference.py)
             output = super()._generate_and_score_completions(batch)
         learning_signal.check_reward_model_scores(returned[-1], self.reward_funcs, self.reward_func_names)
         return output, returned[-1]
@@ -256,7 +257,8 @@ class RPGTrainer(GRPOTrainer):
                                                           self.skipped_steps))
         saved, key = self.state.stateful_callbacks, learning_signal.STATE_KEY  # kept in trainer_state.json
         saved[key], warning = self._rpg_signal.end_step(skipped, saved.get(key),
-                                                    zero_gradient=learning_signal.gradient_is_zero(grad_norm))
+                                                    zero_gradient=learning_signal.gradient_is_zero(grad_norm),
+                                                    no_update=learning_signal.learning_rate_is_zero(self.optimizer))
         if warning:
             logger.warning(warning)
         return grad_norm
