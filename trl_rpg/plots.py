@@ -103,7 +103,7 @@ def _read_once(path: str, read) -> tuple[str, dict]:
     return max(read_states, key=lambda pair: pair[1].get("global_step", 0))
 
 
-def read_run(path: str, read=_read_text, attempts: int = READ_ATTEMPTS, pause=time.sleep) -> tuple[str, dict]:
+def read_run(path: str, read=_read_text, attempts: int = READ_ATTEMPTS, pause=None) -> tuple[str, dict]:
     """The `trainer_state.json` that `path` (an `output_dir`, a checkpoint folder or the file) names, and its
     content. A run being written is read again, `attempts` times at most (`pause(READ_PAUSE)` between reads): a
     rotated checkpoint may vanish and `trainer_state.json` be half written while it is read. When every read fails
@@ -116,7 +116,7 @@ def read_run(path: str, read=_read_text, attempts: int = READ_ATTEMPTS, pause=ti
     failures: list[_Unreadable] = []
     for attempt in range(max(1, attempts)):
         if attempt:
-            pause(READ_PAUSE)
+            (pause or time.sleep)(READ_PAUSE)
         try:
             return _read_once(path, read)
         except _Unreadable as failure:

@@ -287,7 +287,7 @@ def _check_trainer_state(directory: str, manifest: dict[str, Any]) -> None:
         allowed = _TRAINER_STATE_FIELDS.get(key)
         if key not in known or allowed is not None and not _fits(value, allowed):
             why = "is no field of transformers' TrainerState" if key not in known else f"is not {allowed}"
-            raise CheckpointError(f"{path} is damaged: {key!r} ({str(value)[:100]!r}) {why}.")
+            raise CheckpointError(f"{path} is damaged: {key!r} ({value!r:.100}) {why}.")
     step = state.get("global_step")
     if step != manifest["global_step"]:
         raise CheckpointError(f"{path} is at step {step}, the checkpoint's manifest at step "
