@@ -18,7 +18,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 from types import SimpleNamespace
 
 import pytest
@@ -210,7 +209,8 @@ def test_the_folder_is_fsynced_between_the_manifest_and_the_markers_removal(tmp_
     ({"state": _nested()}, "rpg_state.json (its JSON is nested too deep"),
     ({"state": {**STATE, "reference_updates": "two"}}, "rpg_state.json is damaged: 'reference_updates' is 'two'"),
     ({"extra": {"config.json": _nested().encode()}}, "config.json (its JSON is nested too deep"),
-    ({"extra": {ckpt.SCALER_FILE: b"an fp16 run's scaler"}}, "scaler.pt holds the gradient scaler of a run trained in fp16"),
+    ({"extra": {ckpt.SCALER_FILE: b"an fp16 run's scaler"}},
+     "scaler.pt holds the gradient scaler of a run trained in fp16"),
 ], ids=["log_history", "global_step", "stateful_callbacks", "unknown_field", "nested_trainer_state", "a_list",
         "nested_rpg_state", "rpg_state_value", "nested_config", "scaler_without_scaler"])
 def test_a_damaged_file_is_named_and_passed_over_by_resume_true(tmp_path, caplog, damage, said):
