@@ -276,6 +276,8 @@ class RPGConfig(GRPOConfig):
                 f"it is only used with rpg_reference='adaptive' (got rpg_reference={ref!r})")
         if not _finite(self.rpg_reference_kl_decay) or not 0 <= self.rpg_reference_kl_decay < 1:
             bad("rpg_reference_kl_decay", self.rpg_reference_kl_decay, "it must be in [0, 1)")
+        if not _positive_int(self.per_device_train_batch_size):
+            bad("per_device_train_batch_size", self.per_device_train_batch_size, "it must be an integer >= 1")
         if not _positive_int(self.rpg_generation_reuse):
             bad("rpg_generation_reuse", self.rpg_generation_reuse, "it must be an integer >= 1")
         if not _positive_int(self.dynamic_sampling_max_rounds):

@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Sequence
 
-__all__ = ["PLOT_FILE", "MissingMatplotlib", "draw_run", "find_trainer_state", "moving_mean", "plot_run", "series"]
+__all__ = ["PLOT_FILE", "MissingMatplotlib", "checked_state", "draw_run", "find_trainer_state", "moving_mean",
+           "plot_run", "read_run", "series"]
 
 #: The picture a training run leaves in its `output_dir`.
 PLOT_FILE = "rpg_curves.png"
@@ -38,15 +40,56 @@ class MissingMatplotlib(ImportError):
     """matplotlib is not installed."""
 
 
-def find_trainer_state(path: str) -> str:
-    """The `trainer_state.json` that `path` names: the file itself, or in a folder the newer (by `global_step`) of its
-    own and its newest checkpoint's (a checkpoint folder has its own; an `output_dir` of a run still going has only
-    its checkpoints'). `FileNotFoundError` says what was looked for."""
+#: How often `read_run` reads a run that is being written before it gives up, and the pause between reads (seconds).
+READ_ATTEMPTS, READ_PAUSE = 5, 0.2
+
+
+def _read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def checked_state(state, path: str) -> dict:
+    """`state` if it is what transformers writes to a `trainer_state.json` (an object whose `global_step` is a step
+    number and whose `log_history` is a list of objects), else `ValueError` naming the file and what is wrong."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a JSON {type(state).__name__}, not a transformers trainer_state.json (an "
+                         "object with global_step and log_history).")
+    step = state.get("global_step", 0)
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise ValueError(f"{path}: global_step is {step!r:.60}, not a step number: it is not a transformers "
+                         "trainer_state.json, or it was edited.")
+    history = state.get("log_history")
+    if not (isinstance(history, list) and all(isinstance(entry, dict) for entry in history)):
+        raise ValueError(f"{path} has no log_history list of logged entries: it is not a transformers "
+                         "trainer_state.json.")
+    return state
+
+
+class _Unreadable(Exception):
+    """One read of a run failed in a way a run being written explains: a file gone (a rotated checkpoint) or not
+    (yet) whole JSON (transformers writes trainer_state.json in place)."""
+
+    def __init__(self, path: str, error: BaseException, text: str | None):
+        super().__init__(path)
+        self.path, self.error, self.text = path, error, text
+
+
+def _load(path: str, read) -> dict:
+    text = None
+    try:
+        text = read(path)
+        return checked_state(json.loads(text), path)
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise _Unreadable(path, error, text) from None
+
+
+def _read_once(path: str, read) -> tuple[str, dict]:
+    """The `trainer_state.json` that `path` names and its content, read once: the file itself, or in a folder the
+    newer (by `global_step`) of its own and its newest checkpoint's (a checkpoint folder has its own; an
+    `output_dir` of a run still going has only its checkpoints')."""
     if os.path.isfile(path):
-        return path
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such file or folder (give an output_dir, a checkpoint folder or a "
-                                "trainer_state.json).")
+        return path, _load(path, read)
     own = os.path.join(path, "trainer_state.json")
     steps = sorted((int(m.group(1)), name) for name in os.listdir(path) if (m := _CHECKPOINT.match(name))
                    and os.path.isfile(os.path.join(path, name, "trainer_state.json")))
@@ -56,12 +99,42 @@ def find_trainer_state(path: str) -> str:
     if not candidates:
         raise FileNotFoundError(f"{path} holds no trainer_state.json, neither itself nor in a checkpoint-N folder "
                                 "(transformers writes it with each checkpoint: save_strategy, save_steps).")
-    return max(candidates, key=_global_step)
+    read_states = [(candidate, _load(candidate, read)) for candidate in candidates]
+    return max(read_states, key=lambda pair: pair[1].get("global_step", 0))
 
 
-def _global_step(state_path: str) -> int:
-    with open(state_path) as f:
-        return int(json.load(f).get("global_step") or 0)
+def read_run(path: str, read=_read_text, attempts: int = READ_ATTEMPTS, pause=None) -> tuple[str, dict]:
+    """The `trainer_state.json` that `path` (an `output_dir`, a checkpoint folder or the file) names, and its
+    content. A run being written is read again, `attempts` times at most (`pause(READ_PAUSE)` between reads): a
+    rotated checkpoint may vanish and `trainer_state.json` be half written while it is read. When every read fails
+    the error says which file and why: "being written" when the file changed (or vanished) between reads, the JSON
+    error (a truncated or damaged file) when it read the same each time. `read` (the file's text) and `pause` are
+    for tests. `FileNotFoundError` when `path` does not exist; `ValueError` for a file that is no trainer state."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or folder (give an output_dir, a checkpoint folder or a "
+                                "trainer_state.json).")
+    failures: list[_Unreadable] = []
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            (pause or time.sleep)(READ_PAUSE)
+        try:
+            return _read_once(path, read)
+        except _Unreadable as failure:
+            failures.append(failure)
+    last = failures[-1]
+    same = all(f.path == last.path and f.text == last.text and f.text is not None for f in failures)
+    if same:
+        raise ValueError(f"{last.path} cannot be read ({type(last.error).__name__}: {last.error}); it read the same "
+                         f"{len(failures)} times: the file is truncated or damaged.")
+    raise ValueError(f"{last.path} is being written: it changed or vanished while it was read ({len(failures)} "
+                     f"reads, {READ_PAUSE:g} s apart; last: {type(last.error).__name__}: {last.error}). Run the "
+                     "command again in a moment.")
+
+
+def find_trainer_state(path: str) -> str:
+    """The `trainer_state.json` that `path` names (`read_run`: the file itself, or in a folder the newer of its own
+    and its newest checkpoint's). `FileNotFoundError` says what was looked for."""
+    return read_run(path)[0]
 
 
 def default_output(state_path: str) -> str:
@@ -77,7 +150,7 @@ def series(log_history: Sequence[dict], key: str) -> tuple[list[int], list[float
     """`(steps, values)` of one logged metric (entries without it, or without a step, are left out)."""
     steps, values = [], []
     for entry in log_history:
-        if key in entry and "step" in entry and isinstance(entry[key], (int, float)):
+        if key in entry and isinstance(entry.get("step"), int) and isinstance(entry[key], (int, float)):
             steps.append(int(entry["step"]))
             values.append(float(entry[key]))
     return steps, values
@@ -203,20 +276,34 @@ def draw_run(log_history: Sequence[dict], path: str, title: str = "RPG training"
             ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path)
+    _save_replacing(figure, path)
     return path
 
 
-def plot_run(path: str, output: str | None = None) -> tuple[str, str, int]:
-    """Draw the run at `path` (an `output_dir`, a checkpoint folder or a `trainer_state.json`); returns `(picture,
-    trainer_state.json read, its global step)`. `output` defaults to `default_output`."""
-    state_path = find_trainer_state(path)
-    with open(state_path) as f:
-        state = json.load(f)
-    history = state.get("log_history")
-    if not isinstance(history, list):
-        raise ValueError(f"{state_path} has no log_history list: it is not a transformers trainer_state.json.")
+def _save_replacing(figure, path: str) -> None:
+    """Write the PNG to a new file beside `path` (created exclusively: never an existing file or link), then rename
+    it over `path`: a symbolic link planted at `path` is replaced, never followed (the picture cannot land in a file
+    outside the folder), and a reader never sees a half-written picture."""
+    import secrets
+
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            figure.savefig(f, format="png")
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+        raise
+
+
+def plot_run(path: str, output: str | None = None, read=_read_text) -> tuple[str, str, int]:
+    """Draw the run at `path` (an `output_dir`, a checkpoint folder or a `trainer_state.json`; `read_run`); returns
+    `(picture, trainer_state.json read, its global step)`. `output` defaults to `default_output`."""
+    state_path, state = read_run(path, read)
     output = output or default_output(state_path)
     folder = os.path.dirname(os.path.abspath(state_path))
-    title = f"{os.path.basename(folder)} (step {state.get('global_step', '?')})"
-    return draw_run(history, output, title=title), state_path, int(state.get("global_step") or 0)
+    step = state.get("global_step", 0)
+    return draw_run(state["log_history"], output, title=f"{os.path.basename(folder)} (step {step})"), state_path, step

@@ -301,7 +301,8 @@ class RPGTrainer(GRPOTrainer):
         """What identifies this run in a checkpoint (`checkpoint.run_identity`), with its DeepSpeed ZeRO stage."""
         acc = self.accelerator
         stage = acc.state.deepspeed_plugin.zero_stage if self.is_deepspeed_enabled else None
-        return checkpoint.run_identity(self.args, acc.unwrap_model(self.model), zero_stage=stage)
+        return checkpoint.run_identity(self.args, acc.unwrap_model(self.model), zero_stage=stage,
+                                       grad_scaler=acc.scaler is not None)
 
     def _rpg_run_id(self) -> str:
         """This run's id (`checkpoint.run_id`, kept in `trainer_state.json`), the main process's on every process."""

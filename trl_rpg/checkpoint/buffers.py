@@ -81,7 +81,7 @@ def load_generation_buffer(directory: str, rank: int) -> tuple[int, list[dict] |
             buffer = [{key: tensors[spec["tensor"]] if "tensor" in spec else spec["json"]
                        for key, spec in layout.items()} for layout in meta["buffer"]]
         return int(meta["step"]), buffer
-    except (KeyError, TypeError) as error:
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise CheckpointError(f"The generation buffer of process {rank} does not match its description "
                               f"{meta_path} ({type(error).__name__}: {error}).") from None
 

@@ -39,10 +39,12 @@ def _plain(value: Any) -> Any:
         return repr(value)
 
 
-def run_identity(args, model: nn.Module, zero_stage: int | None = None) -> dict[str, Any]:
+def run_identity(args, model: nn.Module, zero_stage: int | None = None,
+                 grad_scaler: bool | None = None) -> dict[str, Any]:
     """What identifies the run that writes or resumes a checkpoint: the model (base name, PEFT type, parameter
     fingerprint, how many parameter tensors of each dtype), the reference schedule, the DeepSpeed ZeRO stage
-    (`zero_stage`; None without DeepSpeed), and the objective, batch layout and schedule fields of `args`."""
+    (`zero_stage`; None without DeepSpeed), whether it has an fp16 gradient scaler (`grad_scaler`; None: unknown),
+    and the objective, batch layout and schedule fields of `args`."""
     shapes = [f"{name}:{tuple(getattr(p, 'ds_shape', p.shape))}" for name, p in model.named_parameters()]
     peft = getattr(model, "peft_config", None)
     identity = {
@@ -54,6 +56,7 @@ def run_identity(args, model: nn.Module, zero_stage: int | None = None) -> dict[
                                                 for p in model.parameters()).items()))},
         "rpg_reference": args.rpg_reference,
         "deepspeed_zero_stage": None if zero_stage is None else int(zero_stage),
+        "grad_scaler": grad_scaler,
     }
     for group, names in IDENTITY_FIELDS.items():
         identity[group] = {name: _plain(getattr(args, name, None)) for name in names}

@@ -10,6 +10,8 @@ REFERENCE_FILE = "rpg_reference.safetensors"
 BUFFER_TENSORS_FILE = "rpg_generation_buffer_rank{rank}.safetensors"
 BUFFER_META_FILE = "rpg_generation_buffer_rank{rank}.json"
 TRAINER_STATE_FILE = "trainer_state.json"
+#: transformers' gradient scaler state (`Trainer._save_scaler`: runs with an fp16 `GradScaler` only).
+SCALER_FILE = "scaler.pt"
 #: Version of the layout above. 1: trl-rpg 0.1 (pickled buffers, no file list); 2: sizes, SHA-256 for RPG's files
 #: only, no run identity; 3: no run id, DeepSpeed stage or parameter dtypes.
 FORMAT_VERSION = 4

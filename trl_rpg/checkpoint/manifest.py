@@ -4,12 +4,14 @@ written last (`write_manifest`) listing every file with its size and SHA-256, it
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .files import file_records, fsync_tree, read_json, write_json_atomic
+from .files import checked_state, file_records, fsync_folder, fsync_tree, read_json, write_json_atomic
 from .identity import IDENTITY_FIELDS, compare_runs
 from .layout import (
     BUFFER_META_FILE,
@@ -17,6 +19,7 @@ from .layout import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     REFERENCE_FILE,
+    SCALER_FILE,
     STATE_FILE,
     TRAINER_STATE_FILE,
     WRITING_FILE,
@@ -24,6 +27,8 @@ from .layout import (
     ManifestError,
 )
 from .runs import empty_for_save
+
+logger = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------------------------------------
 # Writing
@@ -59,7 +64,8 @@ def write_manifest(directory: str, global_step: int, world_size: int, run: dict[
     `reported[r]` is what process r's `save_generation_buffer` returned (its files hashed and fsynced by r itself: on
     a cluster whose nodes write to local disks the main process cannot see them). Every other file the main
     process sees is hashed and fsynced here, then the folders, then the manifest is written and the writing
-    marker removed.
+    marker removed. The folder is fsynced after the manifest and again after the marker goes: a crash between the
+    two leaves a complete checkpoint with its marker, which resume recognises (`leftover_marker`).
     """
     rank_files = {name: record for own in reported for name, record in own["files"].items()}
     files = file_records(directory, [name for name in _listing(directory) if name not in rank_files])
@@ -74,9 +80,10 @@ def write_manifest(directory: str, global_step: int, world_size: int, run: dict[
         "buffer_fields": [own["fields"] for own in reported], "files": files,
     }
     write_json_atomic(os.path.join(directory, MANIFEST_FILE), manifest)
+    fsync_folder(directory)  # the manifest's name is on disk before the marker's removal can be
     if os.path.exists(os.path.join(directory, WRITING_FILE)):
         os.remove(os.path.join(directory, WRITING_FILE))
-    fsync_tree(directory)
+    fsync_folder(directory)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -192,17 +199,43 @@ def _deepspeed_folders_not_read(directory: str) -> set[str]:
             and os.path.isdir(os.path.join(directory, name))}
 
 
-def check_nothing_unlisted(directory: str, files: dict[str, Any]) -> None:
+def leftover_marker(directory: str, manifest: dict[str, Any]) -> bool:
+    """Whether `directory` still holds its writing marker beside its manifest because the run stopped between writing
+    the manifest and removing the marker (`write_manifest`: a crash, a kill, in that moment). The checkpoint is then
+    complete (the manifest is written last, once every file is fsynced, and its files are verified against it): it is
+    resumed, with a warning naming the window. A marker that records another save than the manifest (another run or
+    step: copied in afterwards) raises `CheckpointError` naming it."""
+    path = os.path.join(directory, WRITING_FILE)
+    if not os.path.lexists(path):
+        return False
+    try:
+        marker = None if os.path.islink(path) else read_json(path, "The writing marker")
+    except CheckpointError:
+        marker = None
+    if not (isinstance(marker, dict) and marker.get("run_id") == manifest["run_id"]
+            and marker.get("step") == manifest["global_step"]):
+        raise CheckpointError(f"{path} is not this checkpoint's writing marker (it records another save than the "
+                              f"manifest's: run {manifest['run_id']}, step {manifest['global_step']}): it was added "
+                              "after the checkpoint was written. Delete it to resume from this checkpoint.")
+    logger.warning("RPGTrainer: %s still holds its writing marker %s beside its manifest: the run that wrote it "
+                   "stopped (a crash or a kill) after writing the manifest and before removing the marker. The "
+                   "checkpoint is complete (the manifest is written last) and its files are verified.",
+                   directory, WRITING_FILE)
+    return True
+
+
+def check_nothing_unlisted(directory: str, files: dict[str, Any], ignored: Iterable[str] = ()) -> None:
     """Refuse a file in the checkpoint folder that its manifest does not list: it was added after the checkpoint was
     written (a copy, a sync, an upload into a folder that kept an earlier upload's files), and transformers would
     read it in place of the checkpoint's own (an unlisted model.safetensors is loaded before a listed adapter).
-    Hidden files and DeepSpeed folders DeepSpeed does not read are left alone."""
+    Hidden files, DeepSpeed folders DeepSpeed does not read and the names in `ignored` are left alone."""
     skipped = _deepspeed_folders_not_read(directory)
+    ignored = set(ignored)
     for root, folders, names in os.walk(directory):
         folders[:] = [f for f in folders if not f.startswith(".") and (root != directory or f not in skipped)]
         for name in sorted(names):
             relative = os.path.relpath(os.path.join(root, name), directory)
-            if name.startswith(".") or relative in files or relative == MANIFEST_FILE:
+            if name.startswith(".") or relative in files or relative == MANIFEST_FILE or relative in ignored:
                 continue
             raise CheckpointError(
                 f"{os.path.join(directory, relative)} is not listed in the checkpoint's manifest: it was added after "
@@ -211,12 +244,77 @@ def check_nothing_unlisted(directory: str, files: dict[str, Any]) -> None:
                 "to resume from this checkpoint.")
 
 
+#: The fields of transformers' `trainer_state.json` (`TrainerState`) and the JSON values each may hold; a field
+#: transformers adds later is taken as it is, a key that is no field of `TrainerState` is refused.
+_COUNT, _NUMBER = "an integer >= 0", "a number"
+_TRAINER_STATE_FIELDS = {
+    "global_step": _COUNT, "max_steps": "an integer", "num_input_tokens_seen": _COUNT, "epoch": _NUMBER,
+    "total_flos": _NUMBER, "logging_steps": _NUMBER, "eval_steps": _NUMBER, "save_steps": _NUMBER,
+    "num_train_epochs": _NUMBER, "train_batch_size": "an integer or null", "best_global_step": "an integer or null",
+    "best_metric": "a number or null", "best_model_checkpoint": "a string or null", "trial_name": "a string or null",
+    "is_local_process_zero": "true or false", "is_world_process_zero": "true or false",
+    "is_hyper_param_search": "true or false", "trial_params": "an object or null",
+    "log_history": "a list of objects", "stateful_callbacks": "an object of objects",
+}
+
+
+def _fits(value: Any, allowed: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return {
+        _COUNT: _is_int(value) and value >= 0, "an integer": _is_int(value), _NUMBER: number,
+        "an integer or null": value is None or _is_int(value), "a number or null": value is None or number,
+        "a string or null": value is None or isinstance(value, str), "true or false": isinstance(value, bool),
+        "an object or null": value is None or isinstance(value, dict),
+        "a list of objects": isinstance(value, list) and all(isinstance(v, dict) for v in value),
+        "an object of objects": isinstance(value, dict) and all(
+            isinstance(v, dict) or isinstance(v, list) and all(isinstance(x, dict) for x in v)
+            for v in value.values()),
+    }[allowed]
+
+
 def _check_trainer_state(directory: str, manifest: dict[str, Any]) -> None:
-    state = read_json(os.path.join(directory, TRAINER_STATE_FILE), "transformers' trainer state")
-    step = state.get("global_step") if isinstance(state, dict) else None
+    """`trainer_state.json` holds what transformers' `TrainerState` reads (each field of the JSON type it writes) and
+    is at the manifest's step; else `CheckpointError` naming the file and the field."""
+    from transformers.trainer_callback import TrainerState  # lazy: verified only where a trainer resumes
+
+    path = os.path.join(directory, TRAINER_STATE_FILE)
+    state = read_json(path, "transformers' trainer state")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} is damaged: it holds a {type(state).__name__}, not transformers' trainer "
+                              "state (an object).")
+    known = {f.name for f in dataclasses.fields(TrainerState)}
+    for key, value in state.items():
+        allowed = _TRAINER_STATE_FIELDS.get(key)
+        if key not in known or allowed is not None and not _fits(value, allowed):
+            why = "is no field of transformers' TrainerState" if key not in known else f"is not {allowed}"
+            raise CheckpointError(f"{path} is damaged: {key!r} ({value!r:.100}) {why}.")
+    step = state.get("global_step")
     if step != manifest["global_step"]:
-        raise CheckpointError(f"{os.path.join(directory, TRAINER_STATE_FILE)} is at step {step}, the checkpoint's "
-                              f"manifest at step {manifest['global_step']}: the file belongs to another checkpoint.")
+        raise CheckpointError(f"{path} is at step {step}, the checkpoint's manifest at step "
+                              f"{manifest['global_step']}: the file belongs to another checkpoint.")
+
+
+def _check_contents(directory: str, names: Iterable[str]) -> None:
+    """Every listed JSON file parses (not truncated, not nested too deep), and `rpg_state.json` holds what RPG
+    writes: `CheckpointError` naming the file otherwise (the sizes and checksums say only that the files are the ones
+    written; these say they can be read)."""
+    for name in names:
+        if name.endswith(".json"):
+            value = read_json(os.path.join(directory, name), f"The checkpoint file {name}")
+            if name == STATE_FILE:
+                checked_state(value, os.path.join(directory, name))
+
+
+def check_scaler(directory: str, files: dict[str, Any], run: dict[str, Any]) -> None:
+    """Refuse a checkpoint that holds an fp16 gradient scaler's state (`scaler.pt`) when the resuming run has no
+    scaler (`run["grad_scaler"]` False: fp16 off, or DeepSpeed scaling the loss itself): transformers would call
+    `load_state_dict` on the missing scaler (an `AttributeError`)."""
+    if SCALER_FILE in files and run.get("grad_scaler") is False:
+        raise CheckpointError(
+            f"{os.path.join(directory, SCALER_FILE)} holds the gradient scaler of a run trained in fp16, and this run "
+            "has none (fp16 is off, or DeepSpeed scales the loss itself): the checkpoint's scaler state cannot be "
+            "restored. Resume with fp16=True as the run that wrote it, or start a new run from its weights "
+            f"(model={directory!r}, without resume_from_checkpoint).")
 
 
 def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] | None = None) -> dict[str, Any]:
@@ -224,9 +322,11 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
     problem.
 
     Checks the manifest, that `run` (`run_identity` of the run resuming it) can continue it, and that it holds the
-    optimizer; then the files: with `ranks=None` every listed file except other processes' buffers, that the folder
-    holds no file the manifest does not list, and the step of `trainer_state.json` (what the main process checks),
-    else only the buffer files of `ranks` (what each process checks for the buffers it will load).
+    optimizer (and, if it holds an fp16 scaler's state, that `run` has a scaler); then the files: with `ranks=None`
+    every listed file except other processes' buffers, that the folder holds no file the manifest does not list
+    (the writing marker of a crash right after the manifest excepted: `leftover_marker`), and the fields and step of
+    `trainer_state.json` (what the main process checks), else only the buffer files of `ranks` (what each process
+    checks for the buffers it will load). Every JSON file checked is parsed, `rpg_state.json`'s values checked.
     """
     manifest = read_manifest(directory)
     compare_runs(directory, manifest["run"], run)
@@ -237,6 +337,7 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
             "its schedule, Adam its moments). Resume from a checkpoint written with save_only_model=False, or start a "
             f"new run from its weights (model={directory!r}, without resume_from_checkpoint).")
     files = manifest["files"]
+    check_scaler(directory, files, run)
     for name in required_files(manifest):
         if name not in files:
             raise CheckpointError(f"{os.path.join(directory, name)} is not listed in the completion marker: the "
@@ -253,7 +354,9 @@ def verify_checkpoint(directory: str, run: dict[str, Any], ranks: Iterable[int] 
         if digests[name]["sha256"] != files[name]["sha256"]:
             raise CheckpointError(f"{os.path.join(directory, name)} does not match the checksum recorded in the "
                                   "checkpoint: the file is damaged or was changed after the checkpoint was written.")
+    _check_contents(directory, sorted(selected))
     if ranks is None:
-        check_nothing_unlisted(directory, files)
+        crashed = leftover_marker(directory, manifest)  # a crash between the manifest and the marker's removal
+        check_nothing_unlisted(directory, files, ignored=[WRITING_FILE] if crashed else [])
         _check_trainer_state(directory, manifest)
     return manifest

@@ -31,14 +31,20 @@ RUN_STATE_KEY = "RPGRun"
 
 
 def checkpoint_folders(output_dir: str) -> list[str]:
-    """Every `checkpoint-N` folder under `output_dir`, newest (highest N) first."""
+    """Every `checkpoint-N` folder under `output_dir` (N in ASCII digits, as a save names it: `checkpoint-²` or
+    `checkpoint-٣` are someone else's folders, ignored), newest (highest N) first."""
     if not os.path.isdir(output_dir):
         return []
     prefix = _compat.PREFIX_CHECKPOINT_DIR + "-"
     found = [(int(name[len(prefix):]), os.path.join(output_dir, name)) for name in os.listdir(output_dir)
-             if name.startswith(prefix) and name[len(prefix):].isdigit()
+             if name.startswith(prefix) and _ascii_number(name[len(prefix):])
              and os.path.isdir(os.path.join(output_dir, name))]
     return [path for _, path in sorted(found, reverse=True)]
+
+
+def _ascii_number(text: str) -> bool:
+    """`str.isdigit` also takes `²` (which `int` refuses) and other scripts' digits: only 0-9."""
+    return text.isascii() and text.isdigit()
 
 
 def run_id(stateful_callbacks: dict[str, Any], agree: Callable[[str], str] | None = None) -> str:
@@ -61,7 +67,7 @@ def run_of(directory: str, complete_only: bool = False) -> tuple[str | None, flo
         try:
             with open(os.path.join(directory, name)) as f:
                 record = json.load(f)
-        except (OSError, UnicodeDecodeError, ValueError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             continue
         if (isinstance(record, dict) and isinstance(record.get("run_id"), str)
                 and isinstance(record.get(time_key), (int, float)) and not isinstance(record.get(time_key), bool)):

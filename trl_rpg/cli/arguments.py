@@ -5,6 +5,7 @@ ends with (an unknown argument named with the closest valid one)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -258,6 +259,120 @@ def check_recipe_keys(config_remaining: list[str], training_flags: list[str], re
     noun = "key" if len(parts) == 1 else "keys"
     raise ValueError(f"{recipe or 'the --config recipe'}: unknown {noun} {', '.join(parts)}: neither a training "
                      "argument (`trl-rpg train --help`) nor an `accelerate launch` option.")
+
+
+def check_recipe_values(recipe: str | None, parser) -> None:
+    """Refuse a `--config` recipe value that cannot be the field's (`reward_funcs: 5`, `learning_rate: [1]`,
+    `reward_funcs: math_reward` where a list is meant), naming the file, the key and what it takes, before TRL's
+    parser hands it on: argparse checks only text (a value given as text is converted and checked by it, naming the
+    flag); a YAML number, list or mapping reaches the config unchecked."""
+    if recipe is None:
+        return
+    import typing
+
+    import yaml
+
+    try:
+        with open(recipe, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return  # TRL's parser reports it
+    if not isinstance(values, dict):
+        return
+    fields = {}
+    for dataclass_type in parser.dataclass_types:
+        try:
+            hints = typing.get_type_hints(dataclass_type)
+        except Exception:  # an annotation this Python cannot resolve: left to the parser
+            continue
+        fields.update({f.name: (hints.get(f.name), f.default) for f in dataclasses.fields(dataclass_type)})
+    for key, value in values.items():
+        if key in fields and fields[key][0] is not None and not _recipe_value_fits(value, *fields[key]):
+            annotation = fields[key][0]
+            hint = (" (YAML reads an unquoted no / yes / off / on as false / true: quote it, 'no')"
+                    if isinstance(value, bool) else " (in YAML a list is written [a, b])"
+                    if any(_is_list(arm) for arm in _union_arms(annotation)) else "")
+            raise ValueError(f"{recipe}: the value of key {key}, {value!r:.100}, is not one {key} takes: "
+                             f"{_type_text(annotation)}{hint}.")
+
+
+def _union_arms(annotation) -> tuple:
+    import types
+    import typing
+
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _is_list(annotation) -> bool:
+    import typing
+
+    return annotation in (list, tuple) or typing.get_origin(annotation) in (list, tuple)
+
+
+def _recipe_value_fits(value, annotation, default) -> bool:
+    """Whether a YAML value can be the value of a field annotated `annotation` (a type this check does not know is
+    taken: the parser and the config check it)."""
+    import enum
+    import typing
+
+    arms = _union_arms(annotation)
+    if isinstance(value, str):  # argparse converts and checks it, except where only a list is taken
+        return not all(_is_list(arm) for arm in arms if arm is not type(None))
+    if value is None:
+        return type(None) in arms or default is None
+    for arm in arms:
+        origin = typing.get_origin(arm)
+        if arm is typing.Any or arm is type(None) and value is None:
+            return True
+        if _is_list(arm):
+            inner = typing.get_args(arm)[:1]
+            if isinstance(value, list) and all(_recipe_value_fits(v, inner[0], object()) if inner else True
+                                               for v in value):
+                return True
+        elif arm is dict or origin is dict:
+            if isinstance(value, dict):
+                return True
+        elif arm is bool:
+            if isinstance(value, bool):
+                return True
+        elif arm is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True
+        elif arm is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return True
+        elif origin is typing.Literal:
+            if value in typing.get_args(arm):
+                return True
+        elif isinstance(arm, type) and issubclass(arm, enum.Enum):
+            if value in [member.value for member in arm]:
+                return True
+        elif arm is not str and arm is not type(None):
+            return True  # a type this check does not know
+    return False
+
+
+def _type_text(annotation) -> str:
+    """What a field annotated `annotation` takes, in words ("a list of strings or null")."""
+    import enum
+    import typing
+
+    words = {str: "a string", int: "an integer", float: "a number", bool: "true or false", dict: "a mapping",
+             type(None): "null"}
+
+    def one(arm) -> str:
+        if _is_list(arm):
+            inner = typing.get_args(arm)[:1]
+            return f"a list of {one(inner[0]).removeprefix('a ').removeprefix('an ')}s" if inner else "a list"
+        if isinstance(arm, type) and issubclass(arm, enum.Enum):
+            return "one of " + ", ".join(repr(member.value) for member in arm)
+        if typing.get_origin(arm) is typing.Literal:
+            return "one of " + ", ".join(repr(v) for v in typing.get_args(arm))
+        return words.get(typing.get_origin(arm) or arm, getattr(arm, "__name__", str(arm)))
+
+    return " or ".join(dict.fromkeys(one(arm) for arm in _union_arms(annotation)))
 
 
 def _unknown_arguments_message(unknown: list[str], training_flags: list[str], launcher_flags: list[str] | None) -> str:

@@ -21,6 +21,7 @@ from .arguments import (
     _parser_flags,
     _unknown_arguments_message,
     check_recipe_keys,
+    check_recipe_values,
     make_train_parser,
     print_train_help,
     recipe_path,
@@ -54,6 +55,7 @@ def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the training process shows them
         try:
+            check_recipe_values(recipe_path(argv), parser)  # before TRL's parser hands a YAML value on unchecked
             script_args, parsed_args, model_args, dataset_args, config_remaining, cli_remaining = (
                 parser.parse_args_and_config(
                     argv, return_remaining_strings=True, separate_remaining_strings=True))

@@ -7,6 +7,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 
 from ..rewards import REWARD_FUNCS, get_reward_func, register_reward
 
@@ -66,17 +67,45 @@ def check_reward_callable(path: str, func) -> None:
 
 def _import_reward_func(path: str):
     """Import `module.function`; the working directory is searched after the installed packages (appended to
-    `sys.path`, never first: a file such as `peft.py` there must not replace a dependency)."""
+    `sys.path`, never first: a file such as `peft.py` there must not replace a dependency). Whatever stops the import
+    is a `ValueError` naming the module (`_import_module`)."""
     module_path, func_name = path.rsplit(".", 1)
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    module = _import_module(path, module_path)
     try:
-        func = getattr(importlib.import_module(module_path), func_name)
-    except (ImportError, AttributeError) as error:
+        func = getattr(module, func_name)
+    except AttributeError as error:
         raise ValueError(f"--reward_funcs {path!r}: cannot import {func_name!r} from {module_path!r} ({error}).") \
             from error
     check_reward_callable(path, func)
     return func
+
+
+def _import_module(path: str, module_path: str):
+    """Import the module of `--reward_funcs path` with `sys.argv` holding only the module's name (a module that
+    parses the command line when imported must not read trl-rpg's arguments and answer as if it were trl-rpg). A
+    module that is missing, does not parse, raises or exits while imported is a `ValueError` naming it (with the file
+    and line), so the run ends with one `error:` line; Ctrl-C passes."""
+    argv, sys.argv = sys.argv, [module_path]
+    try:
+        return importlib.import_module(module_path)
+    except ImportError as error:
+        raise ValueError(f"--reward_funcs {path!r}: cannot import {path.rsplit('.', 1)[1]!r} from {module_path!r} "
+                         f"({error}).") from error
+    except SyntaxError as error:
+        raise ValueError(f"--reward_funcs {path!r}: module {module_path!r} does not parse: {error.msg} "
+                         f"({error.filename}, line {error.lineno}).") from error
+    except SystemExit as error:
+        raise ValueError(f"--reward_funcs {path!r}: module {module_path!r} exited while it was imported "
+                         f"(SystemExit({error.code!r})); a reward module must not exit, or parse the command line, "
+                         "when imported: do that under `if __name__ == '__main__':`.") from None
+    except Exception as error:
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        raise ValueError(f"--reward_funcs {path!r}: module {module_path!r} raised {type(error).__name__} while it "
+                         f"was imported: {error} ({frame.filename}, line {frame.lineno}).") from error
+    finally:
+        sys.argv = argv
 
 
 def resolve_reward_funcs(names, max_completion_length: int, soft_punish_cache: int) -> list:

@@ -14,6 +14,7 @@ from .arguments import (
     _parser_flags,
     _unknown_arguments_message,
     check_recipe_keys,
+    check_recipe_values,
     make_train_parser,
     recipe_path,
     record_error_for_launcher,
@@ -121,6 +122,7 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
     error as the last line); 130 on Ctrl-C."""
     parser = make_train_parser(prog=prog)
     try:
+        check_recipe_values(recipe_path(argv), parser)
         *parsed, config_remaining, cli_remaining = parser.parse_args_and_config(
             list(argv), return_remaining_strings=True, separate_remaining_strings=True)
         check_recipe_keys(config_remaining, _parser_flags(parser), recipe_path(argv))  # its launcher keys: used

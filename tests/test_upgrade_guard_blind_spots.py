@@ -1,0 +1,45 @@
+"""The upgrade guard's blind spots (issue 33 section 1): a change inside a string that holds `  #` is a change of
+code, and a reviewed method that a TRL release removed is reported, not skipped."""
+
+from types import SimpleNamespace
+
+import pytest
+from transformers import Trainer
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_rpg import upgrade_guard
+
+
+def _with_a_hash_in_a_string(x):
+    return f"{x}  # not a comment"
+
+
+def _with_another_hash_in_a_string(x):
+    return f"{x}  # not a comment either"
+
+
+def _with_a_comment(x):
+    return x  # a comment
+
+
+def test_a_change_inside_a_string_after_a_hash_changes_the_digest():
+    """`  #` inside a string (quotes unbalanced before it) starts no comment: the text after it is code. Compared
+    without the `def` line, which differs anyway."""
+    def body(func):
+        return upgrade_guard.normalised_source(func).split("\n")[1:]
+
+    assert body(_with_a_hash_in_a_string) == ['return f"{x}  # not a comment"']
+    assert body(_with_a_hash_in_a_string) != body(_with_another_hash_in_a_string)
+    assert body(_with_a_comment) == ["return x"]  # a real inline comment still does not count
+
+
+def test_a_reviewed_method_that_trl_removed_is_reported(monkeypatch):
+    """A TRL release without `GRPOTrainer._compute_loss` (RPG's loss replaces it: its features would be lost
+    unseen): named as gone, and building a trainer is refused."""
+    methods = {m.name: getattr(GRPOTrainer, m.name) for m in upgrade_guard.REVIEWED_METHODS
+               if m.owner == "GRPOTrainer" and m.name != "_compute_loss"}
+    owners = {"GRPOTrainer": SimpleNamespace(**methods), "Trainer": Trainer, "GRPOConfig": GRPOConfig}
+    assert upgrade_guard.changed_methods(owners) == ["GRPOTrainer._compute_loss (no longer exists)"]
+    monkeypatch.delenv(upgrade_guard.ALLOW_ENV, raising=False)
+    with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"GRPOTrainer\._compute_loss \(no longer exists\)"):
+        upgrade_guard.check(owners)
