@@ -37,6 +37,9 @@ _validate_launch_command` (its completion of the launch arguments, read to decid
 train in the launcher's own process), `accelerate.utils.launch.prepare_simple_launcher_cmd_env` (the environment of
 that process) and `launch_command`; `tests/test_compat.py` checks them too.
 
+From torch it uses `torch.distributed.distributed_c10d._set_pg_timeout` (`set_collective_timeout`: `ddp_timeout`
+honoured on CPU too).
+
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
 """
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -135,6 +139,23 @@ def capture_return(obj: Any, method: str) -> Iterator[list]:
         delattr(obj, method)  # the class's method is visible again
 
 
+#: Seconds the process group's collectives wait beyond `ddp_timeout` (`set_collective_timeout`): a reward call stuck
+#: for `ddp_timeout` on one process is reported by that process (`reward_exits.StuckRewardWatchdog`) before the others
+#: give up waiting without saying why.
+COLLECTIVE_TIMEOUT_MARGIN = 60.0
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """Make the default process group's collectives wait `seconds` (torch's `distributed_c10d._set_pg_timeout`, on
+    gloo and NCCL alike): transformers passes `ddp_timeout` to the process group on GPU and under DeepSpeed only, and
+    gloo's own default is 30 minutes. Nothing without an initialised process group."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    if dist.is_available() and dist.is_initialized():
+        _set_pg_timeout(timedelta(seconds=seconds))
+
+
 def missing_internals(trainer_class, trainer=None) -> list[str]:
     """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
     missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
@@ -146,8 +167,9 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 
 __all__ = [
-    "CALLED", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS",
-    "OVERRIDDEN", "deepspeed_checkpoint_types",
+    "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS",
+    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "is_async_callable",
-    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "trl_sees_beta", "use_adapter",
+    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "set_collective_timeout",
+    "trl_sees_beta", "use_adapter",
 ]

@@ -11,6 +11,7 @@ from trl import GRPOConfig
 
 from .describe import inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
 from .objectives import DIVERGENCES, ESTIMATORS
+from .parameter_guard import check_optimizer_settings
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
@@ -326,6 +327,10 @@ class RPGConfig(GRPOConfig):
             bad("num_train_epochs", self.num_train_epochs,
                 f"with max_steps={self.max_steps} the run would train nothing; set num_train_epochs > 0 or "
                 "max_steps >= 1")
+        if self.max_steps == 0:  # transformers counts 0 as a step limit (only a negative one means "epochs")
+            bad("max_steps", 0, "it must be an integer >= 1, or -1 (train num_train_epochs epochs): with 0, "
+                                "transformers takes one optimizer step, at learning rate 0")
+        check_optimizer_settings(self)
 
         # GRPO settings RPG cannot honour
         if self.sync_ref_model:
@@ -365,6 +370,7 @@ def as_rpg_config(args, model) -> RPGConfig:
         name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
         return RPGConfig(f"{str(name).rstrip('/').split('/')[-1]}-RPG")
     if isinstance(args, RPGConfig):
+        check_optimizer_settings(args)  # again: a field may have been changed since the config was built
         return args
     if not isinstance(args, GRPOConfig):
         raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
@@ -430,7 +436,8 @@ def _check_generation_batch(args) -> None:
     batch = per_device * steps * processes
     if batch % groups == 0:
         return
-    divisors = [d for d in range(2, batch + 1) if batch % d == 0][:6]
+    small = [d for d in range(2, min(math.isqrt(batch), 10**6) + 1) if batch % d == 0]  # never a loop to `batch`
+    divisors = sorted({*small, *(batch // d for d in small), batch})[:6]
     per_device_step = groups // math.gcd(groups, steps * processes)
     fixes = [f"per_device_train_batch_size to a multiple of {per_device_step}"]
     if divisors:

@@ -37,8 +37,10 @@ from .loss import (
     window_entropy,
 )
 from .objectives import rpg_per_token_loss
+from .parameter_guard import ParameterGuard
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule
 from .reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
+from .reward_exits import StuckRewardWatchdog
 from .reward_scale import RewardScaleCheck
 from .rewards import check_reward_columns
 from .validation import (
@@ -79,8 +81,14 @@ class RPGTrainer(GRPOTrainer):
                                        chat_template=self.chat_template,
                                        chat_template_kwargs=self.chat_template_kwargs)
 
+        watchdog = None  # several processes: a reward call stuck on one must end the run, naming it (reward_exits)
+        if self.accelerator.num_processes > 1:
+            _compat.set_collective_timeout(args.ddp_timeout + _compat.COLLECTIVE_TIMEOUT_MARGIN)
+            watchdog = StuckRewardWatchdog(args.ddp_timeout, self.accelerator.process_index,
+                                           self.accelerator.num_processes)
         self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(
-            f, name, timeout=args.rpg_reward_timeout) for f, name in zip(self.reward_funcs, self.reward_func_names)]
+            f, name, timeout=args.rpg_reward_timeout, watchdog=watchdog)
+            for f, name in zip(self.reward_funcs, self.reward_func_names)]
         self.reference = ReferencePolicy(self, args.rpg_reference, args.rpg_reference_update_steps,
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
@@ -90,6 +98,8 @@ class RPGTrainer(GRPOTrainer):
         self._reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
+        # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
+        self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
 
     @property
     def trl_computes_reference_logps(self) -> bool:

@@ -75,6 +75,10 @@ def _import_reward_func(path: str):
     except (ImportError, AttributeError) as error:
         raise ValueError(f"--reward_funcs {path!r}: cannot import {func_name!r} from {module_path!r} ({error}).") \
             from error
+    except SystemExit as error:  # the run would end with its status (0: "success"), nothing trained
+        raise ValueError(f"--reward_funcs {path!r}: importing {module_path!r} raised SystemExit({error.code!r}) "
+                         "(sys.exit at import): a reward module must not end the process when it is imported; "
+                         "put that code under `if __name__ == \"__main__\":`.") from error
     check_reward_callable(path, func)
     return func
 
