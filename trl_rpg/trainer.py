@@ -275,26 +275,30 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-        # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing is told so.
-        if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-            resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
-        elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
-            checkpoint.warn_if_other_runs(self.args.output_dir)
-        if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
-            logger.warning(describe_objective(self.args))
-        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
-        self._reward_scale = RewardScaleCheck.for_args(self.args)
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
-                                                   self._signal, self.reward_func_names,
-                                                   getattr(self.train_dataset, "column_names", None))
-        output.metrics.update(learning_signal.verdict_metrics(error, self._signal))
-        if error and self.args.rpg_require_learning_signal:
-            self.save_model(self.args.output_dir)  # a script's own save after train() never runs
-            raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
-        if error and self.is_world_process_zero():
-            logger.warning(learning_signal.verdict_warning(error))
-        return output
+        # Override: one writer per output_dir (a lock held for the run); resume only from a verified, complete RPG
+        # checkpoint; a run that trained on nothing is told so.
+        acc = self.accelerator
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,
+                                        gather_object if acc.num_processes > 1 else lambda values: values):
+            if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
+                resume_from_checkpoint = self._verified_checkpoint(resume_from_checkpoint)
+            elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
+                checkpoint.warn_if_other_runs(self.args.output_dir)
+            if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
+                logger.warning(describe_objective(self.args))
+            self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
+            self._reward_scale = RewardScaleCheck.for_args(self.args)
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._scoring,
+                                                       self._signal, self.reward_func_names,
+                                                       getattr(self.train_dataset, "column_names", None))
+            output.metrics.update(learning_signal.verdict_metrics(error, self._signal))
+            if error and self.args.rpg_require_learning_signal:
+                self.save_model(self.args.output_dir)  # a script's own save after train() never runs
+                raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
+            if error and self.is_world_process_zero():
+                logger.warning(learning_signal.verdict_warning(error))
+            return output
 
     def _verified_checkpoint(self, request) -> str:
         """The checkpoint to resume from (a path, or `True`: the newest that passes), verified by every process
