@@ -1,6 +1,7 @@
 """One writer per output folder (issue 35, section 1): a second run meets the lock when it starts and is refused
 naming the first; the lock is released however `train()` ends; a stale lock of a process that is gone is
-recognised and replaced. The "other run" is a real process of this machine (a sleeping Python), whose id the lock records."""
+recognised and replaced. The "other run" is a real process of this machine (a sleeping Python), whose id the lock
+records."""
 
 import json
 import logging

@@ -10,6 +10,9 @@ checks every name below on the installed versions and fails with a message namin
 - `GRPOTrainer._generate_and_score_completions(inputs)`: dynamic sampling, the all-unscored check, reference tags.
 - `GRPOTrainer._save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
 - `Trainer._get_grad_norm(model, grad_norm)`: the non-finite-gradient guard reads the norm clipping computed.
+- `Trainer._push_from_checkpoint(checkpoint_folder)` / `_finish_current_push()`: the Hub uploads it queues run in
+  RPG's worker with a checkpoint's manifest last, their results read, the final wait bounded (`trl_rpg.hub_uploads`;
+  transformers' `hf_api()` answered by RPG's recorder during the call: `trainer_hub_api`).
 - `Trainer._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)`: under DeepSpeed, where
   transformers has DeepSpeed load a resumed checkpoint, every `torch.load` is made weights-only with the DeepSpeed
   types its checkpoint files hold allowed (`DEEPSPEED_CHECKPOINT_TYPES`; DeepSpeed itself passes
@@ -63,7 +66,7 @@ MULTIMODAL_KEYS = (
 
 #: GRPOTrainer / Trainer methods RPGTrainer overrides.
 OVERRIDDEN = ("_compute_loss", "_generate_and_score_completions", "_save_checkpoint", "_load_optimizer_and_scheduler",
-              "_get_grad_norm", "_prepare_for_training")
+              "_get_grad_norm", "_prepare_for_training", "_push_from_checkpoint", "_finish_current_push")
 #: GRPOTrainer methods RPGTrainer calls.
 CALLED = ("_calculate_rewards", "_get_per_token_logps_and_entropies", "get_high_entropy_mask", "get_off_policy_mask",
           "_remove_unused_columns", "_prepare_inputs", "_push_from_checkpoint")
@@ -139,6 +142,20 @@ def capture_return(obj: Any, method: str) -> Iterator[list]:
         delattr(obj, method)  # the class's method is visible again
 
 
+@contextmanager
+def trainer_hub_api(wrap) -> Iterator[None]:
+    """Within the block, transformers' Trainer gets `wrap(api)` from `hf_api()` (the shared `HfApi` it uploads with,
+    a name of `transformers.trainer`), `api` being what `hf_api()` returns."""
+    import transformers.trainer as trainer_module
+
+    original = trainer_module.hf_api
+    trainer_module.hf_api = lambda: wrap(original())
+    try:
+        yield
+    finally:
+        trainer_module.hf_api = original
+
+
 #: Seconds the process group's collectives wait beyond `ddp_timeout` (`set_collective_timeout`): a reward call stuck
 #: for `ddp_timeout` on one process is reported by that process (`reward_exits.StuckRewardWatchdog`) before the others
 #: give up waiting without saying why.
@@ -171,5 +188,5 @@ __all__ = [
     "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "capture_return", "disable_gradient_checkpointing", "is_async_callable",
     "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "set_collective_timeout",
-    "trl_sees_beta", "use_adapter",
+    "trainer_hub_api", "trl_sees_beta", "use_adapter",
 ]

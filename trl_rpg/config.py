@@ -102,6 +102,10 @@ class RPGConfig(GRPOConfig):
             a `TimeoutError` naming the function. `None` (the default, as in TRL) sets no limit: no one limit fits
             every reward (a code sandbox or a remote judge can legitimately take minutes per batch), and with a limit
             a synchronous function runs in a worker thread (`trl_rpg.reward_calls.checked_reward_function`).
+        rpg_hub_upload_timeout (`float` or `None`, *optional*, defaults to `3600`):
+            Seconds the end of training (and `push_to_hub()`, before its own upload) waits for the Hub uploads still
+            running (`push_to_hub=True`); then `train()` raises `trl_rpg.hub_uploads.HubUploadError` naming them.
+            `None`: no bound, as in transformers (`trl_rpg.hub_uploads`).
         rpg_require_learning_signal (`bool`, *optional*, defaults to `False`):
             What `train()` does when the run trained on nothing (no optimizer step, no scored reward, or no step with
             a learning signal: `trl_rpg.learning_signal`). `False`: it returns, as `GRPOTrainer.train()` does, with
@@ -213,6 +217,11 @@ class RPGConfig(GRPOConfig):
         "Seconds one reward-function call may take before training stops with a TimeoutError naming it; None (the "
         "default, as in TRL): no limit.",
     )
+    rpg_hub_upload_timeout: float | None = _field(
+        3600.0,
+        "Seconds the end of training waits for Hub uploads still running before train() fails naming them; None: no "
+        "bound (transformers').",
+    )
     rpg_require_learning_signal: bool = _field(
         False,
         "A run that trained on nothing (no step with a learning signal): False (default, as GRPOTrainer) returns "
@@ -313,6 +322,9 @@ class RPGConfig(GRPOConfig):
             bad("rpg_reference_kl_decay", self.rpg_reference_kl_decay, "it must be in [0, 1)")
         if not _positive_int(self.rpg_generation_reuse):
             bad("rpg_generation_reuse", self.rpg_generation_reuse, "it must be an integer >= 1")
+        if self.rpg_hub_upload_timeout is not None and (not _finite(self.rpg_hub_upload_timeout)
+                                                        or self.rpg_hub_upload_timeout <= 0):
+            bad("rpg_hub_upload_timeout", self.rpg_hub_upload_timeout, "it must be a number of seconds > 0, or None")
         if not _positive_int(self.dynamic_sampling_max_rounds):
             bad("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, "it must be an integer >= 1")
         if self.dynamic_sampling_metric is not None and (

@@ -10,6 +10,7 @@ docs/architecture.md follows one training step through them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import ClassVar
@@ -23,6 +24,7 @@ from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, 
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
+from .hub_uploads import HubUploadError, HubUploads
 from .loss import (
     Aggregation,
     aggregate,
@@ -98,6 +100,8 @@ class RPGTrainer(GRPOTrainer):
         self._reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
+        self._hub = HubUploads(args.push_to_hub and args.hub_strategy != "end" and self.is_world_process_zero(),
+                               args.rpg_hub_upload_timeout)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
 
@@ -298,6 +302,10 @@ class RPGTrainer(GRPOTrainer):
                 raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
             if error and self.is_world_process_zero():
                 logger.warning(learning_signal.verdict_warning(error))
+            hub_error = self._hub.final_error()
+            hub_error = gather_object([hub_error])[0] if acc.num_processes > 1 else hub_error  # the main process's
+            if hub_error is not None:
+                raise HubUploadError(hub_error)
             return output
 
     def _verified_checkpoint(self, request) -> str:
@@ -346,10 +354,23 @@ class RPGTrainer(GRPOTrainer):
                 self._save_rpg_files(output_dir)
         finally:
             self.args.save_total_limit, self.args.push_to_hub = limit, push
-        if self.args.should_save:
-            checkpoint.rotate(run_dir, limit, output_dir, run_id, self.state.best_model_checkpoint)
         if push:
             self._push_from_checkpoint(output_dir)  # transformers' upload, of the complete checkpoint
+        if self.args.should_save:  # after the push: a checkpoint still uploading is kept (hub_uploads)
+            self._hub.rotate(functools.partial(checkpoint.rotate, run_dir, limit, output_dir, run_id,
+                                               self.state.best_model_checkpoint))
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        # Override: the uploads transformers queues run in RPG's worker, a checkpoint's manifest last in a commit of
+        # its own, and each result is read (hub_uploads).
+        with _compat.trainer_hub_api(lambda api: self._hub.recording(api, checkpoint_folder, self.state.global_step)):
+            super()._push_from_checkpoint(checkpoint_folder)
+        self._hub.report()
+
+    def _finish_current_push(self):
+        # Override: the final wait is bounded (rpg_hub_upload_timeout); the last checkpoint is pushed if transformers
+        # skipped it or its upload failed (hub_uploads.HubUploads.finish).
+        self._hub.finish(self._push_from_checkpoint)
 
     def _save_rpg_files(self, output_dir: str) -> None:
         args, acc = self.args, self.accelerator
