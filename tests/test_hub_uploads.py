@@ -54,37 +54,44 @@ def test_every_upload_failing_warns_with_the_cause_and_fails_the_runs_end(model_
     assert (tmp_path / "run" / "checkpoint-2" / MANIFEST_FILE).is_file()
 
 
-def test_slow_uploads_keep_their_checkpoint_and_the_hub_gets_the_last_one_manifest_last(model_path, tmp_path, hub):
-    """save_total_limit=1 and uploads held until step 3 ends: checkpoint-1 is kept while its upload waits (rotation
-    would have deleted it at step 2), step 2's push is skipped (transformers' rule while an upload runs), and the
-    last checkpoint reaches the Hub by the end: `last-checkpoint/` holds exactly checkpoint-3's files. Every
-    checkpoint upload is a folder commit without the manifest, which deletes the previous manifest, then the manifest
-    alone."""
+def test_slow_uploads_keep_their_checkpoint_and_the_hub_gets_the_last_one_manifest_last(model_path, tmp_path, hub,
+                                                                                        caplog):
+    """save_total_limit=1 and uploads held until training ends: checkpoint-1 is kept while its upload waits (rotation
+    would have deleted it at step 2), steps 2 and 3 are not pushed at their saves (transformers' rule while an upload
+    runs), and the last checkpoint is pushed at the end: `last-checkpoint/` holds exactly checkpoint-3's files, and
+    only checkpoint-3 is left locally. Every checkpoint upload is a folder commit without the manifest, which deletes
+    the previous manifest, then the manifest alone."""
     hub.gate.clear()
     out = tmp_path / "run"
     seen = {}
 
-    class AtStep3(TrainerCallback):
+    def folders():
+        return sorted(p for p in os.listdir(out) if p.startswith("checkpoint-"))
+
+    class Watch(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == 3:
-                seen["folders"] = sorted(p for p in os.listdir(out) if p.startswith("checkpoint-"))
-                seen["commits"] = list(hub.commits)
-                hub.gate.set()
+            seen[state.global_step] = folders()
+
+        def on_train_end(self, args, state, control, **kwargs):  # transformers' final wait comes next
+            seen["end"], seen["commits"] = folders(), list(hub.commits)
+            hub.gate.set()
 
     trainer = pushing_trainer(model_path, out, "checkpoint", max_steps=3, save_total_limit=1)
-    trainer.add_callback(AtStep3())
-    trainer.train()
-    assert seen == {"folders": ["checkpoint-1", "checkpoint-2"], "commits": []}
-    assert sorted(p for p in os.listdir(out) if p.startswith("checkpoint-")) == ["checkpoint-3"]
+    trainer.add_callback(Watch())
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"):
+        trainer.train()
+    assert seen[3] == ["checkpoint-1", "checkpoint-2"] and seen["end"] == ["checkpoint-1", "checkpoint-3"]
+    assert seen["commits"] == [] and "transformers skipped its upload while an earlier one was running" in caplog.text
+    assert folders() == ["checkpoint-3"]
     pushed = hub.repo / "last-checkpoint"
     assert json.loads((pushed / MANIFEST_FILE).read_text())["global_step"] == 3
     assert sorted(os.listdir(pushed)) == sorted(os.listdir(out / "checkpoint-3"))
     checkpoint_commits = [c for c in hub.commits if c[1].startswith("last-checkpoint")]
-    assert len(checkpoint_commits) >= 4  # checkpoint-1 and checkpoint-3, two commits each (step 2: skipped)
+    assert len(checkpoint_commits) == 4  # checkpoint-1 and checkpoint-3, two commits each
     for folder, manifest in zip(checkpoint_commits[::2], checkpoint_commits[1::2]):
         assert folder[0] == "folder" and MANIFEST_FILE not in folder[2]
         assert manifest == ("file", f"last-checkpoint/{MANIFEST_FILE}", [MANIFEST_FILE], [])
-    assert MANIFEST_FILE in checkpoint_commits[-2][3]  # the previous checkpoint's manifest deleted first
+    assert MANIFEST_FILE in checkpoint_commits[2][3]  # checkpoint-1's manifest deleted in checkpoint-3's first commit
 
 
 def test_an_upload_that_never_returns_ends_the_final_wait_naming_it(model_path, tmp_path, hub):

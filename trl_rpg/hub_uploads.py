@@ -154,10 +154,11 @@ class HubUploads:
     _rotation: Callable | None = None
     _retried: set[int] = field(default_factory=set)
 
-    def recording(self, api, checkpoint_folder: str, step: int) -> _RecordingApi:
-        """The API transformers' `_push_from_checkpoint` uses for the save of `step` (`_compat.trainer_hub_api`)."""
-        self.last_save = _Save(step, checkpoint_folder)
-        return _RecordingApi(api, self, self.last_save)
+    def recorder(self, checkpoint_folder: str, step: int) -> Callable[[object], _RecordingApi]:
+        """Record a push of the save of `step` (made now, whether or not transformers uploads anything for it), and
+        the API its `_push_from_checkpoint` uses for it, from the real one (for `_compat.trainer_hub_api`)."""
+        save = self.last_save = _Save(step, checkpoint_folder)
+        return lambda api: _RecordingApi(api, self, save)
 
     def uploading(self) -> list[str]:
         """The checkpoint folders an upload still reads (queued or running)."""

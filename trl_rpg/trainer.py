@@ -363,7 +363,7 @@ class RPGTrainer(GRPOTrainer):
     def _push_from_checkpoint(self, checkpoint_folder):
         # Override: the uploads transformers queues run in RPG's worker, a checkpoint's manifest last in a commit of
         # its own, and each result is read (hub_uploads).
-        with _compat.trainer_hub_api(lambda api: self._hub.recording(api, checkpoint_folder, self.state.global_step)):
+        with _compat.trainer_hub_api(self._hub.recorder(checkpoint_folder, self.state.global_step)):
             super()._push_from_checkpoint(checkpoint_folder)
         self._hub.report()
 
