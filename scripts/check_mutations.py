@@ -664,7 +664,8 @@ MUTATIONS = [
     Mutation("a second train() inherits the first call's learning-signal counts", "trl_rpg/trainer.py",
              "                logger.warning(describe_objective(self.args))\n"
              "            self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()",
-             "                logger.warning(describe_objective(self.args))\n            self._scoring = ScoringTally()",
+             "                logger.warning(describe_objective(self.args))\n"
+             "            self._scoring = ScoringTally()",
              "tests/test_run_tallies.py -k second_train"),
     Mutation("a clip width float32 rounds away accepted", "trl_rpg/config.py",
              "            if getattr(self, name) < MIN_CLIP_WIDTH:",
@@ -920,6 +921,10 @@ MUTATIONS = [
     Mutation("i35: the Hub verdict not raised by train()", "trl_rpg/trainer.py",
              "            if hub_error is not None:",
              "            if False:",
+             "tests/test_hub_uploads.py -k every_upload_failing"),
+    Mutation("i35: no final model saved when the Hub verdict stops train()", "trl_rpg/trainer.py",
+             "                self.save_model(self.args.output_dir, _internal_call=True)",
+             "                pass",
              "tests/test_hub_uploads.py -k every_upload_failing"),
     Mutation("i35: transformers' uploads not recorded", "trl_rpg/trainer.py",
              "        with _compat.trainer_hub_api(self._hub.recorder(checkpoint_folder, self.state.global_step)):",

@@ -52,6 +52,22 @@ def test_every_upload_failing_warns_with_the_cause_and_fails_the_runs_end(model_
                                                                      for w in warned)
     assert "pushing the last checkpoint" in caplog.text and not hub.commits
     assert (tmp_path / "run" / "checkpoint-2" / MANIFEST_FILE).is_file()
+    assert f"The final model is saved in {tmp_path / 'run'}." in message  # what the script's own save would write
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_hub_strategy_end_uploads_nothing_while_training_and_push_to_hub_uploads_the_model(model_path, tmp_path, hub):
+    """transformers' "end" strategy: no upload at the saves, no verdict at the end; `push_to_hub()` uploads
+    `output_dir` (the lock file, released by then and named `_...`, never goes with it); a 503 there is raised."""
+    trainer = pushing_trainer(model_path, tmp_path / "run", "end", max_steps=1)
+    trainer.train()
+    assert hub.commits == []
+    trainer.push_to_hub()
+    assert [(kind, path) for kind, path, _, _ in hub.commits] == [("folder", "")]
+    assert "model.safetensors" in hub.commits[0][2] and not any(f.startswith("_") for f in hub.commits[0][2])
+    hub.fail = service_unavailable()
+    with pytest.raises(Exception, match="503 Server Error"):
+        trainer.push_to_hub()
 
 
 def test_slow_uploads_keep_their_checkpoint_and_the_hub_gets_the_last_one_manifest_last(model_path, tmp_path, hub,

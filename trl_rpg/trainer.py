@@ -305,7 +305,8 @@ class RPGTrainer(GRPOTrainer):
             hub_error = self._hub.final_error()
             hub_error = gather_object([hub_error])[0] if acc.num_processes > 1 else hub_error  # the main process's
             if hub_error is not None:
-                raise HubUploadError(hub_error)
+                self.save_model(self.args.output_dir, _internal_call=True)  # a script's own save never runs
+                raise HubUploadError(f"{hub_error} The final model is saved in {self.args.output_dir}.")
             return output
 
     def _verified_checkpoint(self, request) -> str:
