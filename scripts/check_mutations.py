@@ -925,7 +925,7 @@ MUTATIONS = [
     Mutation("i35: no final model saved when the Hub verdict stops train()", "trl_rpg/trainer.py",
              "                self.save_model(self.args.output_dir, _internal_call=True)",
              "                pass",
-             "tests/test_hub_uploads.py -k every_upload_failing"),
+             "tests/test_hub_uploads.py -k never_returns"),
     Mutation("i35: transformers' uploads not recorded", "trl_rpg/trainer.py",
              "        with _compat.trainer_hub_api(self._hub.recorder(checkpoint_folder, self.state.global_step)):",
              "        if True:",

@@ -9,9 +9,11 @@ import os
 import signal
 
 import pytest
+import torch
 from _fake_hub import FakeHub, service_unavailable
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
+from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from trl_rpg.checkpoint import MANIFEST_FILE
@@ -31,29 +33,31 @@ def hub(tmp_path, monkeypatch):
 
 
 def pushing_trainer(model_path, out, strategy, **overrides):
-    return make_trainer(model_path, out, "sampling", push_to_hub=True, hub_model_id="me/rpg", hub_strategy=strategy,
-                        save_steps=1, steps_per_generation=2, **overrides)
+    settings = dict(push_to_hub=True, hub_model_id="me/rpg", hub_strategy=strategy, save_steps=1,
+                    steps_per_generation=2)
+    return make_trainer(model_path, out, "sampling", **{**settings, **overrides})
 
 
 def test_every_upload_failing_warns_with_the_cause_and_fails_the_runs_end(model_path, tmp_path, hub, caplog):
     """A 503 on every upload: each failure is a warning with its cause, the last checkpoint is pushed once more at the
-    end, and train() raises saying the final state never reached the Hub; the checkpoint is kept locally."""
+    end, and train() raises saying the final state never reached the Hub; the checkpoint is kept locally and the final
+    model saved to output_dir, as the script's own save would have."""
     hub.fail = service_unavailable()
-    trainer = pushing_trainer(model_path, tmp_path / "run", "checkpoint", max_steps=2)
+    out = tmp_path / "run"
+    trainer = pushing_trainer(model_path, out, "checkpoint", max_steps=2)
     with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"):
         with pytest.raises(HubUploadError) as error:
             trainer.train()
     message = str(error.value)
     assert "the last checkpoint of the run, step 2, did not reach the Hub (me/rpg)" in message
     assert "the upload of checkpoint-2 (to last-checkpoint/) failed: HfHubHTTPError: 503 Server Error" in message
-    assert "no upload of this run succeeded" in message and str(tmp_path / "run" / "checkpoint-2") in message
+    assert "no upload of this run succeeded" in message and str(out / "checkpoint-2") in message
     warned = [r.getMessage() for r in caplog.records if "failed: HfHubHTTPError: 503" in r.getMessage()]
     assert any("the model of step 1" in w for w in warned) and any("checkpoint-2 (to last-checkpoint/)" in w
                                                                      for w in warned)
     assert "pushing the last checkpoint" in caplog.text and not hub.commits
-    assert (tmp_path / "run" / "checkpoint-2" / MANIFEST_FILE).is_file()
-    assert f"The final model is saved in {tmp_path / 'run'}." in message  # what the script's own save would write
-    assert (tmp_path / "run" / "model.safetensors").is_file()
+    assert (out / "checkpoint-2" / MANIFEST_FILE).is_file()
+    assert f"The final model is saved in {out}." in message
 
 
 def test_hub_strategy_end_uploads_nothing_while_training_and_push_to_hub_uploads_the_model(model_path, tmp_path, hub):
@@ -111,8 +115,12 @@ def test_slow_uploads_keep_their_checkpoint_and_the_hub_gets_the_last_one_manife
 
 
 def test_an_upload_that_never_returns_ends_the_final_wait_naming_it(model_path, tmp_path, hub):
+    """Step 1's upload never returns, step 2's push is skipped behind it: the final wait ends after
+    rpg_hub_upload_timeout naming the upload, and output_dir holds the final model (step 2), not the copy of step 1's
+    that transformers' push left there."""
     hub.gate.clear()  # never released during the run
-    trainer = pushing_trainer(model_path, tmp_path / "run", "every_save", max_steps=1, rpg_hub_upload_timeout=1.0)
+    out = tmp_path / "run"
+    trainer = pushing_trainer(model_path, out, "every_save", max_steps=2, rpg_hub_upload_timeout=1.0)
 
     class Hung(Exception):  # not a TimeoutError, which the bounded wait itself handles
         pass
@@ -129,6 +137,8 @@ def test_an_upload_that_never_returns_ends_the_final_wait_naming_it(model_path, 
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+    saved = load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(saved[name], p.detach()) for name, p in trainer.model.named_parameters())
 
 
 def test_a_checkpoint_whose_files_failed_to_upload_never_gets_its_manifest(tmp_path):
