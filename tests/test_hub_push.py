@@ -1,22 +1,18 @@
 """Checkpoints pushed to the Hub resume (issue 28, section 1).
 
 transformers queues the upload of a checkpoint inside its own save, before RPG's files and the manifest exist;
-RPGTrainer queues it once the checkpoint is complete. The Hub is stubbed (`HfApi.create_repo`, `HfApi.upload_folder`,
-no network): the stub copies what it is asked to upload at the moment it is asked (the earliest a real upload can
-read the files), into a local "repository" folder; the uploaded checkpoint is then copied to a fresh folder and
-resumed.
+RPGTrainer queues it once the checkpoint is complete. The Hub is stubbed (`_fake_hub.FakeHub`: `HfApi.create_repo`,
+`upload_folder`, `upload_file`, no network): the stub copies what it is asked to upload into a local "repository"
+folder; the uploaded checkpoint is then copied to a fresh folder and resumed.
 """
 
-import fnmatch
 import os
 import shutil
-from concurrent.futures import Future
 
 import pytest
+from _fake_hub import FakeHub
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
-from huggingface_hub import HfApi
-from huggingface_hub.hf_api import RepoUrl
 
 
 @pytest.fixture(scope="module")
@@ -26,28 +22,18 @@ def model_path(tmp_path_factory):
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    """A stubbed Hub: returns the local folder that receives the uploads and the list of uploads (path_in_repo)."""
-    repo, uploads = tmp_path / "hub_repo", []
+    """A stubbed Hub (`_fake_hub.FakeHub`): returns the local folder that receives the uploads and the list of
+    folder uploads (path_in_repo)."""
+    fake = FakeHub(tmp_path).install(monkeypatch)
 
-    def create_repo(self, repo_id, **kwargs):
-        return RepoUrl(f"https://huggingface.co/{repo_id}")
+    class FolderUploads:
+        def __iter__(self):
+            return iter([path for kind, path, _, _ in fake.commits if kind == "folder"])
 
-    def upload_folder(self, *, repo_id, folder_path, path_in_repo=None, ignore_patterns=None, **kwargs):
-        uploads.append(path_in_repo or "")
-        target = repo / (path_in_repo or "")
-        for root, _, names in os.walk(folder_path):
-            for name in names:
-                relative = os.path.relpath(os.path.join(root, name), folder_path)
-                if not any(fnmatch.fnmatch(relative, pattern) for pattern in ignore_patterns or []):
-                    os.makedirs(target / os.path.dirname(relative), exist_ok=True)
-                    shutil.copy(os.path.join(root, name), target / relative)
-        done = Future()
-        done.set_result(None)
-        return done
+        def __eq__(self, other):
+            return list(self) == other
 
-    monkeypatch.setattr(HfApi, "create_repo", create_repo)
-    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
-    return repo, uploads
+    return fake.repo, FolderUploads()
 
 
 def resumes(model_path, uploaded, tmp_path) -> int:

@@ -11,6 +11,9 @@ what is missing.
 - `GRPOTrainer._generate_and_score_completions(inputs)`: dynamic sampling, the all-unscored check, reference tags.
 - `GRPOTrainer._save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
 - `Trainer._get_grad_norm(model, grad_norm)`: the non-finite-gradient guard reads the norm clipping computed.
+- `Trainer._push_from_checkpoint(checkpoint_folder)` / `_finish_current_push()`: the Hub uploads it queues run in
+  RPG's worker with a checkpoint's manifest last, their results read, the final wait bounded (`trl_rpg.hub_uploads`;
+  transformers' `hf_api()` answered by RPG's recorder during the call: `trainer_hub_api`).
 - `Trainer._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)`: under DeepSpeed, where
   transformers has DeepSpeed load a resumed checkpoint, every `torch.load` is made weights-only with the DeepSpeed
   types its checkpoint files hold allowed (`DEEPSPEED_CHECKPOINT_TYPES`; DeepSpeed itself passes
@@ -39,6 +42,9 @@ _validate_launch_command` (its completion of the launch arguments, read to decid
 train in the launcher's own process), `accelerate.utils.launch.prepare_simple_launcher_cmd_env` (the environment of
 that process) and `launch_command`; `tests/test_compat.py` checks them too.
 
+From torch it uses `torch.distributed.distributed_c10d._set_pg_timeout` (`set_collective_timeout`: `ddp_timeout`
+honoured on CPU too).
+
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
 """
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
 from typing import Any
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -61,7 +68,7 @@ MULTIMODAL_KEYS = (
 
 #: GRPOTrainer / Trainer methods RPGTrainer overrides.
 OVERRIDDEN = ("_compute_loss", "_generate_and_score_completions", "_save_checkpoint", "_load_optimizer_and_scheduler",
-              "_get_grad_norm", "_prepare_for_training")
+              "_get_grad_norm", "_prepare_for_training", "_push_from_checkpoint", "_finish_current_push")
 #: GRPOTrainer methods RPGTrainer calls.
 CALLED = ("_calculate_rewards", "_get_per_token_logps_and_entropies", "get_high_entropy_mask", "get_off_policy_mask",
           "_remove_unused_columns", "_prepare_inputs", "_push_from_checkpoint")
@@ -194,6 +201,37 @@ def async_trainer_on_cpu(varlen_attention) -> Iterator[None]:
         packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device = saved
 
 
+@contextmanager
+def trainer_hub_api(wrap) -> Iterator[None]:
+    """Within the block, transformers' Trainer gets `wrap(api)` from `hf_api()` (the shared `HfApi` it uploads with,
+    a name of `transformers.trainer`), `api` being what `hf_api()` returns."""
+    import transformers.trainer as trainer_module
+
+    original = trainer_module.hf_api
+    trainer_module.hf_api = lambda: wrap(original())
+    try:
+        yield
+    finally:
+        trainer_module.hf_api = original
+
+
+#: Seconds the process group's collectives wait beyond `ddp_timeout` (`set_collective_timeout`): a reward call stuck
+#: for `ddp_timeout` on one process is reported by that process (`reward_exits.StuckRewardWatchdog`) before the others
+#: give up waiting without saying why.
+COLLECTIVE_TIMEOUT_MARGIN = 60.0
+
+
+def set_collective_timeout(seconds: float) -> None:
+    """Make the default process group's collectives wait `seconds` (torch's `distributed_c10d._set_pg_timeout`, on
+    gloo and NCCL alike): transformers passes `ddp_timeout` to the process group on GPU and under DeepSpeed only, and
+    gloo's own default is 30 minutes. Nothing without an initialised process group."""
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    if dist.is_available() and dist.is_initialized():
+        _set_pg_timeout(timedelta(seconds=seconds))
+
+
 def missing_internals(trainer_class, trainer=None) -> list[str]:
     """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
     missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
@@ -205,10 +243,10 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 
 __all__ = [
-    "CALLED", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS", "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS",
-    "OVERRIDDEN", "deepspeed_checkpoint_types",
+    "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS",
+    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return", "recording",
-    "disable_gradient_checkpointing",
-    "is_async_callable",
-    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "trl_sees_beta", "use_adapter",
+    "disable_gradient_checkpointing", "is_async_callable",
+    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "set_collective_timeout",
+    "trainer_hub_api", "trl_sees_beta", "use_adapter",
 ]

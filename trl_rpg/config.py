@@ -24,6 +24,7 @@ from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTH
 )
 from .objective_config import config_field as _field
 from .objective_config import finite as _finite
+from .parameter_guard import check_optimizer_settings
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
@@ -105,6 +106,10 @@ class RPGConfig(GRPOConfig):
             a `TimeoutError` naming the function. `None` (the default, as in TRL) sets no limit: no one limit fits
             every reward (a code sandbox or a remote judge can legitimately take minutes per batch), and with a limit
             a synchronous function runs in a worker thread (`trl_rpg.reward_calls.checked_reward_function`).
+        rpg_hub_upload_timeout (`float` or `None`, *optional*, defaults to `3600`):
+            Seconds the end of training (and `push_to_hub()`, before its own upload) waits for the Hub uploads still
+            running (`push_to_hub=True`); then `train()` raises `trl_rpg.hub_uploads.HubUploadError` naming them.
+            `None`: no bound, as in transformers (`trl_rpg.hub_uploads`).
         rpg_require_learning_signal (`bool`, *optional*, defaults to `False`):
             What `train()` does when the run trained on nothing (no optimizer step, no scored reward, or no step with
             a learning signal: `trl_rpg.learning_signal`). `False`: it returns, as `GRPOTrainer.train()` does, with
@@ -197,6 +202,11 @@ class RPGConfig(GRPOConfig):
         "Seconds one reward-function call may take before training stops with a TimeoutError naming it; None (the "
         "default, as in TRL): no limit.",
     )
+    rpg_hub_upload_timeout: float | None = _field(
+        3600.0,
+        "Seconds the end of training waits for Hub uploads still running before train() fails naming them; None: no "
+        "bound (transformers').",
+    )
     rpg_require_learning_signal: bool = _field(
         False,
         "A run that trained on nothing (no step with a learning signal): False (default, as GRPOTrainer) returns "
@@ -280,6 +290,9 @@ class RPGConfig(GRPOConfig):
             bad("per_device_train_batch_size", self.per_device_train_batch_size, "it must be an integer >= 1")
         if not _positive_int(self.rpg_generation_reuse):
             bad("rpg_generation_reuse", self.rpg_generation_reuse, "it must be an integer >= 1")
+        if self.rpg_hub_upload_timeout is not None and (not _finite(self.rpg_hub_upload_timeout)
+                                                        or self.rpg_hub_upload_timeout <= 0):
+            bad("rpg_hub_upload_timeout", self.rpg_hub_upload_timeout, "it must be a number of seconds > 0, or None")
         if not _positive_int(self.dynamic_sampling_max_rounds):
             bad("dynamic_sampling_max_rounds", self.dynamic_sampling_max_rounds, "it must be an integer >= 1")
         if self.dynamic_sampling_metric is not None and (
@@ -294,6 +307,10 @@ class RPGConfig(GRPOConfig):
             bad("num_train_epochs", self.num_train_epochs,
                 f"with max_steps={self.max_steps} the run would train nothing; set num_train_epochs > 0 or "
                 "max_steps >= 1")
+        if self.max_steps == 0:  # transformers counts 0 as a step limit (only a negative one means "epochs")
+            bad("max_steps", 0, "it must be an integer >= 1, or -1 (train num_train_epochs epochs): with 0, "
+                                "transformers takes one optimizer step, at learning rate 0")
+        check_optimizer_settings(self)
 
         # GRPO settings RPG cannot honour
         if self.sync_ref_model:
@@ -333,6 +350,7 @@ def as_rpg_config(args, model) -> RPGConfig:
         name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "model") or "model"
         return RPGConfig(f"{str(name).rstrip('/').split('/')[-1]}-RPG")
     if isinstance(args, RPGConfig):
+        check_optimizer_settings(args)  # again: a field may have been changed since the config was built
         return args
     if not isinstance(args, GRPOConfig):
         raise ValueError(f"`args` must be an RPGConfig or a GRPOConfig, got {type(args).__name__}.")
@@ -377,7 +395,8 @@ def _check_generation_batch(args) -> None:
     batch = per_device * steps * processes
     if batch % groups == 0:
         return
-    divisors = [d for d in range(2, batch + 1) if batch % d == 0][:6]
+    small = [d for d in range(2, min(math.isqrt(batch), 10**6) + 1) if batch % d == 0]  # never a loop to `batch`
+    divisors = sorted({*small, *(batch // d for d in small), batch})[:6]
     per_device_step = groups // math.gcd(groups, steps * processes)
     fixes = [f"per_device_train_batch_size to a multiple of {per_device_step}"]
     if divisors:

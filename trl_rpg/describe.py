@@ -61,9 +61,26 @@ def batch_layout(args) -> BatchLayout:
     """The `BatchLayout` of a resolved config (after `GRPOConfig.__post_init__`)."""
     generate_every = args.steps_per_generation * args.num_iterations
     accumulation = args.gradient_accumulation_steps
-    period = math.lcm(generate_every, accumulation)
-    off = sum(i // accumulation != (i - i % generate_every) // accumulation for i in range(period))
-    return BatchLayout(generate_every, accumulation, period, off)
+    return BatchLayout(generate_every, accumulation, math.lcm(generate_every, accumulation),
+                       off_policy_micro_batches(generate_every, accumulation))
+
+
+def off_policy_micro_batches(generate_every: int, accumulation: int) -> int:
+    """The off-policy micro-batches in one period of `BatchLayout` (`G = generate_every`, `A = accumulation`), in
+    closed form: the same for any sizes (a loop over the period, `lcm(G, A)`, never ends for co-prime large ones).
+
+    The batch generated at micro-batch `s = kG` is on-policy until the next optimizer step closes, for
+    `min(G, A - s mod A)` of its `G` micro-batches; the rest are off-policy. Over one period the offsets `s mod A`
+    run once through every multiple `j * g` of `g = gcd(G, A)` below `A`, so the count is
+    `sum_{j < A/g} max(0, G - A + j g)`: with `G >= A`, `n (G - A) + g n (n - 1) / 2` for `n = A / g`; with
+    `G < A`, the terms with `j g > A - G`, `g n (n + 1) / 2` for `n = G / g - 1`.
+    """
+    g = math.gcd(generate_every, accumulation)
+    if generate_every >= accumulation:
+        n = accumulation // g
+        return n * (generate_every - accumulation) + g * n * (n - 1) // 2
+    n = generate_every // g - 1
+    return g * n * (n + 1) // 2
 
 
 def inert_kl_reason(args) -> str | None:
@@ -258,5 +275,5 @@ def _advantage_text(args) -> str:
 
 __all__ = ["CLIP_ONLY", "EXACTLY_ZERO", "ZERO_IN_EXPECTATION", "BatchLayout", "batch_layout", "clip_text",
            "describe_async_objective", "describe_objective", "ignored_fields_warning", "inert_kl_effect",
-           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "truncated_sampling",
-           "truncated_sampling_warning"]
+           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches",
+           "truncated_sampling", "truncated_sampling_warning"]

@@ -32,10 +32,10 @@ def _rules(verdict: str, reason: str, *names: str) -> list[FieldRule]:
 
 
 _TRAINING_ARGUMENTS = (
-    "output_dir", "per_device_train_batch_size", "num_train_epochs", "max_steps", "learning_rate",
-    "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args", "weight_decay", "adam_beta1",
-    "adam_beta2", "adam_epsilon", "optim_target_modules", "gradient_accumulation_steps",
-    "average_tokens_across_devices", "max_grad_norm", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval",
+    "output_dir", "per_device_train_batch_size", "num_train_epochs",
+    "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "optim", "optim_args",
+    "optim_target_modules", "gradient_accumulation_steps",
+    "average_tokens_across_devices", "label_smoothing_factor", "bf16", "fp16", "bf16_full_eval",
     "fp16_full_eval", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
     "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend", "torch_compile_mode",
     "use_liger_kernel", "liger_kernel_config", "use_cache", "neftune_noise_alpha", "torch_empty_cache_steps",
@@ -45,15 +45,15 @@ _TRAINING_ARGUMENTS = (
     "eval_strategy", "eval_steps", "eval_delay", "per_device_eval_batch_size", "prediction_loss_only",
     "eval_on_start", "eval_do_concat_batches", "eval_use_gather_object", "eval_accumulation_steps",
     "include_for_metrics", "batch_eval_metrics", "save_only_model", "save_strategy", "save_steps",
-    "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "push_to_hub", "hub_token", "hub_private_repo",
-    "hub_model_id", "hub_strategy", "hub_always_push", "hub_revision", "load_best_model_at_end",
+    "save_on_each_node", "save_total_limit", "enable_jit_checkpoint", "hub_token", "hub_private_repo",
+    "hub_model_id", "hub_always_push", "hub_revision", "load_best_model_at_end",
     "metric_for_best_model", "greater_is_better", "ignore_data_skip", "restore_callback_states_from_checkpoint",
     "full_determinism", "seed", "data_seed", "use_cpu", "accelerator_config", "parallelism_config",
     "dataloader_drop_last", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
     "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "dataloader_in_order",
     "remove_unused_columns", "label_names", "train_sampling_strategy", "length_column_name",
     "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "ddp_static_graph", "ddp_backend",
-    "ddp_timeout", "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics", "do_train", "do_eval",
+    "fsdp", "fsdp_config", "deepspeed", "debug", "skip_memory_metrics", "do_train", "do_eval",
     "do_predict", "resume_from_checkpoint", "local_rank",
 )
 
@@ -90,6 +90,29 @@ GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
               "masks the advantage (the reward term), as in GRPO; the KL term acts on every token", in_readme=True),
     FieldRule("off_policy_mask_threshold", "accepted",
               "masks the advantage (the reward term), as in GRPO; the KL term acts on every token", in_readme=True),
+    *[FieldRule(name, "accepted", "must be a finite number >= 0: a non-finite one makes the optimizer write NaN or "
+                "inf into every parameter at the first step (GRPO trains on and saves that model)", in_readme=True)
+      for name in ("learning_rate", "weight_decay")],
+    FieldRule("adam_epsilon", "accepted",
+              "with an Adam optimizer, must be finite and >= 1.2e-38 (float32's smallest normal number): with 0, "
+              "AdamW writes 0 / 0 = NaN into every parameter whose gradient is 0", in_readme=True),
+    *_rules("accepted", "with an Adam optimizer, must be in [0, 1) (torch refuses it later, when the optimizer is "
+            "built)", "adam_beta1", "adam_beta2"),
+    FieldRule("max_grad_norm", "accepted",
+              "None or a number >= 0: NaN or a negative one would silently turn off clipping and RPG's "
+              "non-finite-gradient guard, which reads the norm clipping computes", in_readme=True),
+    FieldRule("max_steps", "accepted",
+              "0 is refused (transformers reads it as a limit of 0 steps yet takes one optimizer step, at learning "
+              "rate 0): -1 (epochs) or >= 1", in_readme=True),
+    FieldRule("ddp_timeout", "accepted",
+              "also bounds one reward-function call in a run of several processes (a call still running after it "
+              "ends the run naming the function), and is applied on CPU too (transformers applies it on GPU only); "
+              "collectives wait ddp_timeout + 60 s", in_readme=True),
+    *[FieldRule(name, "accepted", "every Hub upload's result is read (a failure warned; train() fails if the last "
+                "checkpoint never reached the Hub), a checkpoint is kept until its upload is done, the last one "
+                "pushed at the end, its manifest last; the final wait is bounded by rpg_hub_upload_timeout",
+                in_readme=True)
+      for name in ("push_to_hub", "hub_strategy")],
     # ---- refused ----
     FieldRule("sync_ref_model", "refused",
               "TRL's reference-model sync: use rpg_reference='periodic' with rpg_reference_update_steps (works with "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import contextvars
 import copy
 import functools
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from ._compat import is_async_callable
+from .reward_exits import RewardExited, StuckRewardWatchdog, call_here, exits_as_errors
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +49,8 @@ _IMMUTABLE = (str, bytes, int, float, bool, complex, type(None))
 _IMMUTABLE_TYPES = frozenset(_IMMUTABLE)
 
 
-def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REWARD, timeout: float | None = None):
+def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REWARD, timeout: float | None = None,
+                            watchdog: StuckRewardWatchdog | None = None):
     """Wrap a reward function so that it scores what was generated, and its failures and bad results raise an error
     naming the function and the row.
 
@@ -69,7 +72,12 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
       is left running in it (a daemon thread: it does not keep the process alive). An `async` function is cancelled
       at its next `await` (one that blocks the event loop without awaiting cannot be interrupted).
     - An exception is re-raised as `RuntimeError` naming the function and the batch size. The function is not called
-      again to find the failing row (it may be slow or have side effects), so the row is not identified.
+      again to find the failing row (it may be slow or have side effects), so the row is not identified. So are a
+      `SystemExit` (`sys.exit(...)` in the function: it would end the run with its status, 0 meaning success, with
+      nothing saved) and a `KeyboardInterrupt` the function raised itself (one caused by an interrupt signal, a
+      Ctrl-C, stays a Ctrl-C).
+    - With `watchdog` (`StuckRewardWatchdog`: runs of several processes), a call still running after its bound ends
+      the process, naming the function (the other processes would otherwise wait for its rewards without a word).
     - The result must be a list/tuple (or other sequence), a 1-d numpy array or a 1-d tensor with one reward per
       completion of the batch TRL passed (a function that shortened its copy of `completions` is named as such); a
       dict, a string, a set, a generator, ... raises `ValueError` naming the function and the type.
@@ -98,6 +106,24 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
             "side effects (see the traceback above for where it failed). Return None for a completion the "
             f"function cannot score.{f' It raised at {where}.' if where else defined}")
 
+    def exited(error, kwargs):
+        completions = kwargs.get("completions")
+        batch = f" on a batch of {len(completions)} completions" if completions is not None else ""
+        where = raised_at(error, func)
+        where = f" It raised at {where}." if where else defined
+        if isinstance(error, KeyboardInterrupt):
+            return RuntimeError(
+                f"Reward function `{name}` raised KeyboardInterrupt itself{batch}; no interrupt signal (Ctrl-C) "
+                "arrived, so this is the function's error, not an interruption of the run. Return None for a "
+                f"completion the function cannot score.{where}")
+        code = error.code
+        status = 0 if code is None else code if isinstance(code, int) else 1
+        return RuntimeError(
+            f"Reward function `{name}` raised SystemExit({code!r}){batch} (sys.exit({code!r})): a reward function "
+            f"cannot end the run, which would have stopped at once with exit status {status}"
+            f"{' (success)' if status == 0 else ''} and nothing saved; it stops with this error instead. Return "
+            f"rewards (None for a completion the function cannot score).{where}")
+
     def timed_out(kwargs):
         completions = kwargs.get("completions")
         batch = f" on a batch of {len(completions)} completions" if completions is not None else ""
@@ -114,15 +140,17 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
             error.args = (f"{error}{defined}", *error.args[1:])
             raise
 
+    watched = watchdog.watch if watchdog is not None else lambda name, kwargs: contextlib.nullcontext()
     if is_async_callable(func):
         async def wrapper(*args, **kwargs):
             private = private_reward_inputs(kwargs)
             try:
-                task = asyncio.ensure_future(func(*args, **private))
+                task = asyncio.ensure_future(exits_as_errors(func(*args, **private)))
             except Exception as error:
                 raise failed(error, kwargs) from error
             try:
-                done, _ = await asyncio.wait({task}, timeout=timeout)
+                with watched(name, kwargs):
+                    done, _ = await asyncio.wait({task}, timeout=timeout)
             except asyncio.CancelledError:  # the caller gave up: so does the function
                 task.cancel()
                 raise
@@ -131,6 +159,8 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
                 raise timed_out(kwargs)
             try:
                 rewards = task.result()
+            except RewardExited as error:
+                raise exited(error.error, kwargs) from error.error
             except Exception as error:
                 raise failed(error, kwargs) from error
             return check(rewards, kwargs, private)
@@ -138,10 +168,13 @@ def checked_reward_function(func, name: str, max_abs_reward: float = MAX_ABS_REW
         def wrapper(*args, **kwargs):
             private = private_reward_inputs(kwargs)
             try:
-                rewards = func(*args, **private) if timeout is None else _call_in_thread(func, args, private,
-                                                                                         timeout, name)
+                with watched(name, kwargs):
+                    rewards = call_here(func, args, private) if timeout is None else _call_in_thread(
+                        func, args, private, timeout, name)
             except _TimedOut:
                 raise timed_out(kwargs) from None
+            except RewardExited as error:
+                raise exited(error.error, kwargs) from error.error
             except Exception as error:
                 raise failed(error, kwargs) from error
             return check(rewards, kwargs, private)
@@ -259,8 +292,9 @@ def _call_in_thread(func, args, kwargs, timeout: float, name: str):
     thread.join(timeout)
     if thread.is_alive():
         raise _TimedOut()
-    if "error" in outcome:
-        raise outcome["error"]
+    if "error" in outcome:  # no signal reaches a worker thread: its KeyboardInterrupt is the function's own
+        error = outcome["error"]
+        raise RewardExited(error) if isinstance(error, (SystemExit, KeyboardInterrupt)) else error
     return outcome["rewards"]
 
 

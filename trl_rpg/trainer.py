@@ -10,6 +10,7 @@ docs/architecture.md follows one training step through them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import ClassVar
@@ -23,6 +24,7 @@ from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, 
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
+from .hub_uploads import HubUploadError, HubUploads
 from .loss import (
     Aggregation,
     aggregate,
@@ -37,8 +39,10 @@ from .loss import (
     window_entropy,
 )
 from .objectives import rpg_per_token_loss
+from .parameter_guard import ParameterGuard
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule, without_dropout
 from .reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
+from .reward_exits import StuckRewardWatchdog
 from .reward_scale import RewardScaleCheck
 from .rewards import check_reward_columns
 from .validation import (
@@ -79,8 +83,14 @@ class RPGTrainer(GRPOTrainer):
                                        chat_template=self.chat_template,
                                        chat_template_kwargs=self.chat_template_kwargs)
 
+        watchdog = None  # several processes: a reward call stuck on one must end the run, naming it (reward_exits)
+        if self.accelerator.num_processes > 1:
+            _compat.set_collective_timeout(args.ddp_timeout + _compat.COLLECTIVE_TIMEOUT_MARGIN)
+            watchdog = StuckRewardWatchdog(args.ddp_timeout, self.accelerator.process_index,
+                                           self.accelerator.num_processes)
         self.reward_funcs = [f if isinstance(f, nn.Module) else checked_reward_function(
-            f, name, timeout=args.rpg_reward_timeout) for f, name in zip(self.reward_funcs, self.reward_func_names)]
+            f, name, timeout=args.rpg_reward_timeout, watchdog=watchdog)
+            for f, name in zip(self.reward_funcs, self.reward_func_names)]
         self.reference = ReferencePolicy(self, args.rpg_reference, args.rpg_reference_update_steps,
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
@@ -90,6 +100,10 @@ class RPGTrainer(GRPOTrainer):
         self._rpg_reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
+        self._hub = HubUploads(args.push_to_hub and args.hub_strategy != "end" and self.is_world_process_zero(),
+                               args.rpg_hub_upload_timeout)
+        # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
+        self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
 
     @property
     def trl_computes_reference_logps(self) -> bool:
@@ -268,26 +282,35 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
-        # Override: resume only from a verified, complete RPG checkpoint; a run that trained on nothing is told so.
-        if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-            resume_from_checkpoint = self._rpg_verified_checkpoint(resume_from_checkpoint)
-        elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
-            checkpoint.warn_if_other_runs(self.args.output_dir)
-        if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
-            logger.warning(describe_objective(self.args))
-        self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
-        self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
-        error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._rpg_scoring,
-                                                   self._rpg_signal, self.reward_func_names,
-                                                   getattr(self.train_dataset, "column_names", None))
-        output.metrics.update(learning_signal.verdict_metrics(error, self._rpg_signal))
-        if error and self.args.rpg_require_learning_signal:
-            self.save_model(self.args.output_dir)  # a script's own save after train() never runs
-            raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
-        if error and self.is_world_process_zero():
-            logger.warning(learning_signal.verdict_warning(error))
-        return output
+        # Override: one writer per output_dir (a lock held for the run); resume only from a verified, complete RPG
+        # checkpoint; a run that trained on nothing is told so.
+        acc = self.accelerator
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,
+                                        gather_object if acc.num_processes > 1 else lambda values: values):
+            if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
+                resume_from_checkpoint = self._rpg_verified_checkpoint(resume_from_checkpoint)
+            elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
+                checkpoint.warn_if_other_runs(self.args.output_dir)
+            if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
+                logger.warning(describe_objective(self.args))
+            self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
+            self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            error = learning_signal.trained_on_nothing(self.state.global_step, self.state.max_steps, self._rpg_scoring,
+                                                       self._rpg_signal, self.reward_func_names,
+                                                       getattr(self.train_dataset, "column_names", None))
+            output.metrics.update(learning_signal.verdict_metrics(error, self._rpg_signal))
+            if error and self.args.rpg_require_learning_signal:
+                self.save_model(self.args.output_dir)  # a script's own save after train() never runs
+                raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
+            if error and self.is_world_process_zero():
+                logger.warning(learning_signal.verdict_warning(error))
+            hub_error = self._hub.final_error()
+            hub_error = gather_object([hub_error])[0] if acc.num_processes > 1 else hub_error  # the main process's
+            if hub_error is not None:
+                self.save_model(self.args.output_dir, _internal_call=True)  # a script's own save never runs
+                raise HubUploadError(f"{hub_error} The final model is saved in {self.args.output_dir}.")
+            return output
 
     def _rpg_verified_checkpoint(self, request) -> str:
         """The checkpoint to resume from (a path, or `True`: the newest that passes), verified by every process
@@ -336,10 +359,23 @@ class RPGTrainer(GRPOTrainer):
                 self._rpg_save_files(output_dir)
         finally:
             self.args.save_total_limit, self.args.push_to_hub = limit, push
-        if self.args.should_save:
-            checkpoint.rotate(run_dir, limit, output_dir, run_id, self.state.best_model_checkpoint)
         if push:
             self._push_from_checkpoint(output_dir)  # transformers' upload, of the complete checkpoint
+        if self.args.should_save:  # after the push: a checkpoint still uploading is kept (hub_uploads)
+            self._hub.rotate(functools.partial(checkpoint.rotate, run_dir, limit, output_dir, run_id,
+                                               self.state.best_model_checkpoint))
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        # Override: the uploads transformers queues run in RPG's worker, a checkpoint's manifest last in a commit of
+        # its own, and each result is read (hub_uploads).
+        with _compat.trainer_hub_api(self._hub.recorder(checkpoint_folder, self.state.global_step)):
+            super()._push_from_checkpoint(checkpoint_folder)
+        self._hub.report()
+
+    def _finish_current_push(self):
+        # Override: the final wait is bounded (rpg_hub_upload_timeout); the last checkpoint is pushed if transformers
+        # skipped it or its upload failed (hub_uploads.HubUploads.finish).
+        self._hub.finish(self._push_from_checkpoint)
 
     def _rpg_save_files(self, output_dir: str) -> None:
         args, acc = self.args, self.accelerator

@@ -98,7 +98,10 @@ REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
                    "wrapped under DeepSpeed: it is where DeepSpeed loads a resumed checkpoint, made weights-only"),
     ReviewedMethod("GRPOTrainer", "_push_from_checkpoint", "a8e4156fde354a4c",
                    "called by RPG once a checkpoint is complete (transformers calls it inside its save, before RPG's "
-                   "files and the manifest exist)"),
+                   "files and the manifest exist); wrapped: the uploads it queues through `hf_api()` run in RPG's "
+                   "worker, a checkpoint's manifest last (`hub_uploads`)"),
+    ReviewedMethod("GRPOTrainer", "_finish_current_push", "4ed2d495c8cfaf53",
+                   "replaced: the final wait for Hub uploads, bounded, each result read (`hub_uploads`)"),
     ReviewedMethod("Trainer", "_save_checkpoint", "d9833db7afa987cd",
                    "RPG's checkpoint order relies on what it writes and on its rotation (`save_total_limit`)"),
     ReviewedMethod("GRPOConfig", "__post_init__", "aee78ba2191fa4d6",

@@ -30,8 +30,8 @@ The modules, each importing only those above it: `layout` (file names, format ve
 fsync, atomic JSON, a full disk; RPG's state and reference files), `identity` (the run identity and its comparison),
 `runs` (the checkpoint folders of an output_dir and the run that wrote each), `manifest` (write, validate, verify),
 `buffers` (each process's generation buffer, saved and restored on any number of processes), `selection` (which
-checkpoint to resume from; rotation), `safe_loading` (DeepSpeed's files, weights-only). Every public name is
-importable from here.
+checkpoint to resume from; rotation), `safe_loading` (DeepSpeed's files, weights-only); `lock` (one writer per
+output_dir: the lock `train()` holds) imports none of them. Every public name is importable from here.
 """
 
 from .buffers import (
@@ -85,6 +85,7 @@ from .layout import (
     RunMismatch,
     ScheduleMismatch,
 )
+from .lock import LOCK_FILE, OutputDirBusy, OutputLock, output_dir_lock
 from .manifest import (
     begin_checkpoint,
     check_nothing_unlisted,
@@ -114,6 +115,7 @@ __all__ = [
     "BUFFER_TENSORS_FILE",
     "FORMAT_VERSION",
     "IDENTITY_FIELDS",
+    "LOCK_FILE",
     "MANIFEST_FILE",
     "REFERENCE_FILE",
     "REFUSED_AT_ONCE",
@@ -130,6 +132,8 @@ __all__ = [
     "ManifestError",
     "NoSuchCheckpoint",
     "NotAnRPGCheckpoint",
+    "OutputDirBusy",
+    "OutputLock",
     "RunMismatch",
     "ScheduleMismatch",
     "begin_checkpoint",
@@ -157,6 +161,7 @@ __all__ = [
     "load_generation_buffer",
     "load_reference",
     "load_state",
+    "output_dir_lock",
     "plan_buffer_restore",
     "read_json",
     "read_manifest",

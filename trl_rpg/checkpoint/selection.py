@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .buffers import buffer_ranks_needed, plan_buffer_restore
@@ -163,18 +163,19 @@ def warn_changes(directory: str, manifest: dict[str, Any], run: dict[str, Any]) 
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def rotate(run_dir: str, save_total_limit: int | None, newest: str, run_id: str, best: str | None = None
-           ) -> list[str]:
+def rotate(run_dir: str, save_total_limit: int | None, newest: str, run_id: str, best: str | None = None,
+           keep: Iterable[str] = ()) -> list[str]:
     """Delete old checkpoints of run `run_id` once `newest` is complete, keeping at most `save_total_limit` complete
     ones: `newest` always, `best` (the best model checkpoint) always, then the highest-numbered. Only this run's
     folders are considered (`runs.run_of`: another run's, or another trainer's, are never deleted) and only complete
     checkpoints count; an incomplete folder of this run numbered below `newest` (an interrupted write, never resumed
-    from) is deleted, one above it (written before the checkpoint this run resumed) is left alone. Returns the
-    folders deleted."""
+    from) is deleted, one above it (written before the checkpoint this run resumed) is left alone. The folders in
+    `keep` (a checkpoint whose Hub upload still reads it) are kept too, counted in the limit. Returns the folders
+    deleted."""
     if save_total_limit is None or save_total_limit <= 0 or not is_complete(newest):
         return []
     folders = [path for path in checkpoint_folders(run_dir) if run_of(path)[0] == run_id]
-    same = {os.path.abspath(p) for p in (newest, best) if p}
+    same = {os.path.abspath(p) for p in (newest, best, *keep) if p}
     complete = [p for p in folders if is_complete(p)]
     keep = [p for p in complete if os.path.abspath(p) in same]
     keep += [p for p in complete if p not in keep][: max(save_total_limit - len(keep), 0)]

@@ -1,0 +1,111 @@
+"""No non-finite parameters: the optimizer settings that would write NaN or inf into them are refused up front
+(`check_optimizer_settings`), and a run whose parameters are not finite after an optimizer step stops there
+(`ParameterGuard`), before anything is saved from it.
+
+The gradient guard (`gradient_guard`) skips a step whose gradient is not finite; it cannot see a finite gradient
+that the optimizer turns into NaN or inf: `learning_rate=inf` (inf times any gradient), `adam_epsilon=0` (AdamW
+divides the first moment by `sqrt(v) + eps`, 0 / 0 for a parameter whose gradient is 0), `weight_decay=nan`, or a
+custom optimizer passed to the trainer. Such a step leaves every later loss NaN, every later step skipped, and a
+final model that is not finite, saved as if training had succeeded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import TrainerCallback
+
+#: The smallest positive normal float32: an `adam_epsilon` below it is 0 (or denormal) where AdamW adds it to float32
+#: moments, and 0 / 0 is NaN for a parameter whose gradient is 0.
+MIN_ADAM_EPSILON = float(torch.finfo(torch.float32).tiny)
+
+
+class NonFiniteParameters(RuntimeError):
+    """The parameters hold NaN or inf after an optimizer step: the run stops before saving anything from it."""
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_optimizer_settings(args) -> None:
+    """Refuse optimizer settings (fields of `TrainingArguments`) that write NaN or inf into the parameters at the
+    first step, or turn the gradient guard off: a `ValueError` names the field, the value and what is allowed.
+
+    `learning_rate` and `weight_decay` must be finite and >= 0 (a negative one climbs the loss, or grows every
+    weight); with an Adam-type `optim`, `adam_epsilon` finite and at least `MIN_ADAM_EPSILON` and `adam_beta1`,
+    `adam_beta2` in [0, 1); `max_grad_norm` None or a number >= 0 (inf: no clipping, the norm still computed; NaN or
+    a negative one would silently turn off both clipping and the gradient guard, which reads the norm clipping
+    computes)."""
+    def bad(name, allowed):
+        raise ValueError(f"RPGConfig: `{name}`={getattr(args, name)!r} is not allowed; {allowed}.")
+
+    for name in ("learning_rate", "weight_decay"):
+        value = getattr(args, name)
+        if not _number(value) or not math.isfinite(value) or value < 0:
+            bad(name, "it must be a finite number >= 0 (a non-finite one makes the optimizer write NaN or inf into "
+                      "every parameter at the first step)")
+    if "adam" in str(getattr(args.optim, "value", args.optim)).lower():
+        epsilon = args.adam_epsilon
+        if not _number(epsilon) or not math.isfinite(epsilon) or epsilon < MIN_ADAM_EPSILON:
+            bad("adam_epsilon", f"it must be a finite number >= {MIN_ADAM_EPSILON:.3g} (float32's smallest normal "
+                                "number; e.g. 1e-8, the default): AdamW divides by sqrt(v) + adam_epsilon, which is "
+                                "0 / 0 = NaN for every parameter whose gradient is 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            value = getattr(args, name)
+            if not _number(value) or not 0 <= value < 1:
+                bad(name, "it must be a number in [0, 1)")
+    norm = args.max_grad_norm
+    if norm is not None and (not _number(norm) or math.isnan(norm) or norm < 0):
+        bad("max_grad_norm", "it must be a number >= 0 (0: no clipping; inf: no clipping, the norm still computed) "
+                             "or None; a NaN or negative one turns clipping and the non-finite-gradient guard off")
+
+
+def local_parameters(model) -> list[tuple[str, torch.Tensor]]:
+    """The trainable parameters of `model` as this process holds them (DeepSpeed ZeRO-3's partition, a DTensor's
+    local shard, else the parameter), with their names."""
+    held = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            local = getattr(parameter, "ds_tensor", None)
+            if local is None:
+                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+            held.append((name, local.detach()))
+    return held
+
+
+def first_non_finite(named: list[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first tensor of `named` holding NaN or inf, or None: one fused pass (the largest magnitude of
+    all, NaN when any is NaN), the names looked up only when it is not finite."""
+    tensors = [tensor for _, tensor in named if tensor.numel()]
+    if not tensors or torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)):
+        return None
+    return next(name for name, tensor in named if tensor.numel() and not torch.isfinite(tensor).all())
+
+
+class ParameterGuard(TrainerCallback):
+    """After every optimizer step, stop the run with `NonFiniteParameters` if any parameter holds NaN or inf (on any
+    process: `reduce` sums a CPU flag tensor over them, moving it where the collective needs it; every process
+    raises). It runs before the step's logging and saving, so
+    no checkpoint or final model with such parameters is written, and rotation deletes no earlier checkpoint for
+    it."""
+
+    def __init__(self, reduce):
+        self.reduce = reduce
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        name = first_non_finite(local_parameters(model))
+        if self.reduce(torch.tensor([0.0 if name is None else 1.0])).item() == 0:
+            return control
+        where = f"`{name}` is" if name is not None else "a parameter held by another process is"
+        raise NonFiniteParameters(
+            f"RPGTrainer: after optimizer step {state.global_step} {where} not finite (NaN or inf): the optimizer "
+            "wrote it from a finite gradient (a non-finite gradient is skipped before the step). Training stopped "
+            f"before saving anything from this step (learning_rate={args.learning_rate}, weight_decay="
+            f"{args.weight_decay}, adam_epsilon={args.adam_epsilon}, optim={getattr(args.optim, 'value', args.optim)}"
+            "; or the optimizer passed to the trainer). The checkpoints saved before it are intact.")
+
+
+__all__ = ["MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard", "check_optimizer_settings",
+           "first_non_finite", "local_parameters"]
