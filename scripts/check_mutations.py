@@ -190,9 +190,9 @@ MUTATIONS = [
              "                lambda t: t))",
              "tests/test_training_on_nothing.py -k summed"),
     Mutation("TRL's masks gate the whole per-token loss (the KL term too)", "trl_rpg/trainer.py",
-             "        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old",
+             '        if "importance_sampling_ratio" in inputs:  # mu != pi_old',
              "        per_token_loss = per_token_loss * (advantages != 0)\n"
-             "        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old",
+             '        if "importance_sampling_ratio" in inputs:  # mu != pi_old',
              "tests/test_kl_every_token.py -k mask_leaves"),
     Mutation("REINFORCE KL weight from the sequence ratio (GSPO)", "trl_rpg/objectives.py",
              "g = w * x.adv + x.beta * divergence.kl_weight(x.w.detach(), x.log_r.detach(), x.rho)",
@@ -211,7 +211,7 @@ MUTATIONS = [
              "        if False:",
              "tests/test_beta_keeps_its_meaning.py -k warns"),
     Mutation("no start-up line saying what is optimised", "trl_rpg/trainer.py",
-             "            logger.warning(describe_objective(self.args))",
+             "            logger.warning(describe_objective(self.args, self.sampler_logps))",
              "            pass",
              "tests/test_beta_keeps_its_meaning.py -k one_line"),
     Mutation("LoRA reference adapter left in PEFT's float32 next to a bf16 adapter", "trl_rpg/reference.py",
@@ -662,9 +662,9 @@ MUTATIONS = [
              "            if self._scoring.add(rewards) and self._scoring.batches == 1:",
              "tests/test_run_tallies.py -k first_unscored_batch"),
     Mutation("a second train() inherits the first call's learning-signal counts", "trl_rpg/trainer.py",
-             "            logger.warning(describe_objective(self.args))\n"
+             "            logger.warning(describe_objective(self.args, self.sampler_logps))\n"
              "        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()",
-             "            logger.warning(describe_objective(self.args))\n        self._scoring = ScoringTally()",
+             "            logger.warning(describe_objective(self.args, self.sampler_logps))\n        self._scoring = ScoringTally()",
              "tests/test_run_tallies.py -k second_train"),
     Mutation("a clip width float32 rounds away accepted", "trl_rpg/config.py",
              "            if getattr(self, name) < MIN_CLIP_WIDTH:",

@@ -152,9 +152,11 @@ def _scale_clause(args) -> str:
     return f": {note}" if note else ""
 
 
-def describe_objective(args) -> str:
+def describe_objective(args, sampler=None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
-    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
+    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; with vLLM generation,
+    what mu is (`sampler`, a resolved `trl_rpg.sampler_logps.SamplerLogps`: `sampler_clause`)."""
+    engine = sampler is not None and sampler.mode == "engine"
     title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
     dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
     line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
@@ -162,7 +164,10 @@ def describe_objective(args) -> str:
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
             f"{batch_layout(args).describe(args)}; clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
             f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
-    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
+    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None and engine:
+        line += (" With beta=0, the differentiable estimator and no dual clip this is GRPO's objective with mu = the "
+                 "engine's log-probs (rpg_sampler_logps='recompute' trains exactly as GRPOTrainer).")
+    elif args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
         line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
     elif args.beta == 0:
         line += " beta=0: no KL regularisation."
@@ -170,7 +175,25 @@ def describe_objective(args) -> str:
         why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
                "reference refreshed to the policy after every optimizer step")
         line += f" The KL term has zero expected gradient here ({why})."
-    return line
+    return line + sampler_clause(args, sampler)
+
+
+def sampler_clause(args, sampler) -> str:
+    """What mu is under vLLM generation (empty without vLLM): the engine's own log-probs, with the
+    `vllm_importance_sampling_*` fields inert, or pi_old recomputed with TRL's correction (and why 'auto' chose it)."""
+    if sampler is None or sampler.engine is None:
+        return ""
+    if sampler.mode == "engine":
+        return (" Sampler log-probs mu: those vLLM returned for the sampled tokens (rpg_sampler_logps='engine'): no "
+                "recomputation pass, one weight w = pi_theta/mu against the true sampler (bounded by the clip); "
+                "vllm_importance_sampling_correction, _mode, _clip_min and _clip_max have no effect; the "
+                "train/inference mismatch is logged as rpg/sampler_mismatch_*.")
+    why = f" ('auto' chose it: {sampler.reason})" if sampler.reason else ""
+    correction = (f"vLLM's correction pi_old/mu (vllm_importance_sampling_mode={args.vllm_importance_sampling_mode!r}) "
+                  "weighs every term" if args.vllm_importance_sampling_correction else
+                  "vllm_importance_sampling_correction=False: the sampler mismatch is not corrected")
+    return (f" Sampler log-probs mu: pi_old recomputed by the trainer (rpg_sampler_logps='recompute'{why}); "
+            f"{correction}.")
 
 
 def _advantage_text(args) -> str:
@@ -184,4 +207,4 @@ def _advantage_text(args) -> str:
 
 
 __all__ = ["BatchLayout", "batch_layout", "describe_objective", "inert_kl_reason", "inert_kl_warning",
-           "kl_term_is_inert", "truncated_sampling", "truncated_sampling_warning"]
+           "kl_term_is_inert", "sampler_clause", "truncated_sampling", "truncated_sampling_warning"]
