@@ -164,11 +164,11 @@ def describe_objective(args, sampler=None) -> str:
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
             f"{batch_layout(args).describe(args)}; clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}; "
             f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
-    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None and engine:
-        line += (" With beta=0, the differentiable estimator and no dual clip this is GRPO's objective with mu = the "
-                 "engine's log-probs (rpg_sampler_logps='recompute' trains exactly as GRPOTrainer).")
-    elif args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
-        line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+    if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
+        line += (" With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+                 if not engine else " With beta=0, the differentiable estimator and no dual clip this is GRPO's "
+                 "objective with mu = the engine's log-probs (rpg_sampler_logps='recompute' trains exactly as "
+                 "GRPOTrainer).")
     elif args.beta == 0:
         line += " beta=0: no KL regularisation."
     elif kl_term_is_inert(args):
@@ -189,8 +189,9 @@ def sampler_clause(args, sampler) -> str:
                 "vllm_importance_sampling_correction, _mode, _clip_min and _clip_max have no effect; the "
                 "train/inference mismatch is logged as rpg/sampler_mismatch_*.")
     why = f" ('auto' chose it: {sampler.reason})" if sampler.reason else ""
-    correction = (f"vLLM's correction pi_old/mu (vllm_importance_sampling_mode={args.vllm_importance_sampling_mode!r}) "
-                  "weighs every term" if args.vllm_importance_sampling_correction else
+    mode = args.vllm_importance_sampling_mode
+    correction = (f"vLLM's correction pi_old/mu (vllm_importance_sampling_mode={mode!r}) weighs every term"
+                  if args.vllm_importance_sampling_correction else
                   "vllm_importance_sampling_correction=False: the sampler mismatch is not corrected")
     return (f" Sampler log-probs mu: pi_old recomputed by the trainer (rpg_sampler_logps='recompute'{why}); "
             f"{correction}.")
