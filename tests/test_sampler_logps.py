@@ -308,6 +308,25 @@ def test_non_finite_logprobs_become_missing_and_the_rest_is_kept():
     assert output[2] == [[[-0.1, -0.5], [None, -0.1], [None]]] and output[3] == [[[5, 4], [6, 5], [7]]]
 
 
+def test_the_check_leaves_an_instance_wrapper_of_generate_in_place():
+    """Whoever wraps `vllm_generation.generate` on the instance (a profiler, benchmarks/cost_vllm.py's timer) keeps
+    the wrapper after each checked generation; without one, the class's method is visible again."""
+    from trl_rpg._compat import returning_through
+
+    class Generation:
+        def generate(self):
+            return "class"
+
+    generation = Generation()
+    with returning_through(generation, "generate", lambda out: out + " checked"):
+        assert generation.generate() == "class checked"
+    assert "generate" not in vars(generation)
+    generation.generate = lambda: "wrapper"
+    with returning_through(generation, "generate", lambda out: out + " checked"):
+        assert generation.generate() == "wrapper checked"
+    assert generation.generate() == "wrapper"
+
+
 def test_a_malformed_output_stops_training_naming_the_engine(fake_vllm, model_dir, tmp_path):
     """A completion whose last log-prob is missing: TRL would fail later with a raw shape error."""
     trainer = build(model_dir, tmp_path, max_steps=1)

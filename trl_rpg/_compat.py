@@ -144,7 +144,9 @@ def capture_return(obj: Any, method: str) -> Iterator[list]:
 @contextmanager
 def returning_through(obj: Any, method: str, check) -> Iterator[None]:
     """Within the block, every call of `obj.<method>` returns `check(value)` instead of its value (which `check` may
-    refuse by raising). Used to check the vLLM engine's output before TRL reads it."""
+    refuse by raising); afterwards `obj.<method>` is what it was (an instance's own wrapper is kept). Used to check
+    the vLLM engine's output before TRL reads it."""
+    own = method in vars(obj)
     original = getattr(obj, method)
 
     def checked(*args, **kwargs):
@@ -154,7 +156,10 @@ def returning_through(obj: Any, method: str, check) -> Iterator[None]:
     try:
         yield
     finally:
-        delattr(obj, method)  # the class's method is visible again
+        if own:
+            setattr(obj, method, original)
+        else:
+            delattr(obj, method)  # the class's method is visible again
 
 
 @contextmanager
