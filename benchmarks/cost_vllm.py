@@ -45,7 +45,7 @@ RATIOS = (("RPG(engine)", "GRPO(beta=0)"), ("RPG(engine)", "GRPO(beta>0)"), ("RP
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUB = os.path.join(ROOT, "tests", "vllm_stub")
 
-FULL = dataclasses.replace(cost.FULL, lengths=(128,), repetitions=6, reuse=4, methods=METHODS, warmup_cycles=1,
+FULL = dataclasses.replace(cost.FULL, lengths=(64,), repetitions=4, reuse=4, methods=METHODS, warmup_cycles=1,
                            measured_cycles=2)
 QUICK = dataclasses.replace(cost.QUICK, lengths=(32,), repetitions=3, reuse=4, methods=METHODS, warmup_cycles=1,
                             measured_cycles=2)
