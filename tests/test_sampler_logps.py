@@ -452,3 +452,14 @@ def test_two_processes_engine_trains_to_recompute_parameters(model_dir, tmp_path
             assert recompute["difference_to"] <= PARAM_ATOL
             assert len(engine["mismatch"]) == 4 and recompute["mismatch"] == []
         assert ranks[0][f"{where}_engine"]["mismatch"] == ranks[1][f"{where}_engine"]["mismatch"]
+
+
+def test_dynamic_sampling_keeps_the_engine_mu(fake_vllm, model_dir, tmp_path):
+    """DAPO's dynamic sampling (the recipes' setting) regroups the rows of several generation rounds: the merged
+    batch is still an engine batch, with no old-log-prob pass in any round."""
+    trainer = build(model_dir, tmp_path, max_steps=2, dynamic_sampling=True, dynamic_sampling_max_rounds=3)
+    trainer.train()
+    assert trainer.sampler_logps.mode == "engine" and no_grad_rows(trainer) == 0
+    assert max(logged(trainer, "dynamic_sampling/rounds")) >= 2  # rows of several rounds merged
+    assert all(ENGINE_KEY in batch and "old_per_token_logps" not in batch for batch in trainer._buffered_inputs)
+    assert len(logged(trainer, "rpg/sampler_mismatch_mean")) == 2

@@ -37,7 +37,8 @@ The claims (the wrong lines that make them fail are rows of scripts/check_mutati
   that triggers a sync or chooses what it sends. Both were checked by hand on a copy of TRL 1.16 put first on
   `PYTHONPATH` (a sync only at step 0: "one sync per generation batch" fails; `VLLMGeneration(model=self.ref_model)`:
   "the engine received weights 0.0367 away from the policy's" at sync 1).
-- Where RPG reduces to GRPO (beta = 0, differentiable, no dual clip) the two sample the same completions and train to
+- Where RPG reduces to GRPO (beta = 0, differentiable, no dual clip, `rpg_sampler_logps="recompute"`: mu = pi_old as
+  in GRPO; "engine" is tests/test_sampler_logps.py's) the two sample the same completions and train to
   the same parameters with vLLM generation, in every `vllm_importance_sampling_mode`, the sampler perturbed so that
   the correction acts (wrong line: the ratio not applied).
 - With beta > 0 the correction weighs every term of the loss, the KL term included, with the ratio TRL builds from
