@@ -3,6 +3,8 @@
     python -m benchmarks.cost                    # CPU: ~24M-parameter random-init Qwen2, completions 64/128/256
     python -m benchmarks.cost --quick            # CPU, small model, short completions (about 2 min)
     python -m benchmarks.cost --device cuda      # GPU: bf16, Qwen2-0.5B-shaped random-init model
+    python -m benchmarks.cost --vllm             # vLLM generation: RPG with the engine's log-probs against RPG
+                                                 # recomputing them and GRPO (benchmarks/cost_vllm.py)
 
 One invocation runs, for each repetition and each completion length, the three trainers one after the other
 (A B C, B C A, C A B, ...: the order rotates with the repetition), each in a fresh subprocess so that its peak
@@ -821,8 +823,14 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, help="interleaved rounds of the training-side timing (0: skip it)")
     p.add_argument("--output", help="JSON path (default benchmarks/results/cost_<device>.json; --quick: "
                                      "outputs/benchmarks/cost_<device>_quick.json)")
+    p.add_argument("--vllm", action="store_true", help="vLLM generation: rpg_sampler_logps='engine' against "
+                   "'recompute' and GRPO, training side per generation batch (benchmarks/cost_vllm.py)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.vllm:
+        from .cost_vllm import main as vllm_main
+
+        return vllm_main(a)
     if a.child:
         with open(a.child) as f:
             spec = json.load(f)

@@ -10,6 +10,10 @@
 #   bash scripts/gpu_check.sh --async      # instead: AsyncRPGTrainer with TRL's real rollout worker, a real `vllm serve`
 #                                          # (started here, LoRA sync) and the FA3 kernel (scripts/async_check.py);
 #                                          # with --dry-run: on CPU with the tests' stand-ins, no server (plumbing only)
+#   bash scripts/gpu_check.sh --vllm-cost  # instead: the training side of rpg_sampler_logps="engine" against
+#                                          # "recompute" and GRPO with vLLM (python -m benchmarks.cost --vllm --device
+#                                          # cuda; writes benchmarks/results/cost_vllm_cuda.json); with --dry-run: one
+#                                          # quick repetition on CPU with the fake engine (plumbing only)
 #
 # Environment: KEEP=1 keeps the work directory (model, per-run JSON); GPU=<index> picks the GPU (default 0).
 # Nothing is downloaded: the model is randomly initialised and saved locally first.
@@ -19,6 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DRY_RUN=0
 VLLM=0
 ASYNC=0
+VLLM_COST=0
 TRAINERS=(rpg grpo)
 for arg in "$@"; do
   case "$arg" in
@@ -26,6 +31,7 @@ for arg in "$@"; do
     --with-rpg-initial) TRAINERS+=(rpg-initial) ;;
     --vllm) VLLM=1 ;;
     --async) ASYNC=1 ;;
+    --vllm-cost) VLLM_COST=1 ;;
     -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
@@ -58,6 +64,19 @@ export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONPATH="$ROOT${PYTHONPA
 free_port() { "$PYTHON" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 
 start=$(date +%s)
+if [ "$VLLM_COST" = 1 ]; then
+  cd "$ROOT"
+  if [ "$DRY_RUN" = 1 ]; then  # benchmarks/cost_vllm.py puts the fake engine on its runs' path on CPU
+    "$PYTHON" -m benchmarks.cost --vllm --quick --repetitions 1 --output "$WORK/cost_vllm.json"
+  elif ! "$PYTHON" -c "import vllm" 2>/dev/null; then
+    echo "[gpu_check] --vllm-cost needs vLLM installed (pip install 'trl[vllm]'); --dry-run checks it without" >&2
+    exit 1
+  else
+    "$PYTHON" -m benchmarks.cost --vllm --device cuda
+  fi
+  echo "[gpu_check] done in $(( $(date +%s) - start )) s"
+  exit 0
+fi
 "$PYTHON" "$ROOT/scripts/gpu_check.py" make-model "$WORK/model" "${TINY[@]}"
 if [ "$ASYNC" = 1 ]; then
   CHECK=("$PYTHON" "$ROOT/scripts/async_check.py")

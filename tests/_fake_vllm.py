@@ -3,7 +3,10 @@
 - `installed()`: within the block `import vllm` is the fake and TRL sees vLLM installed; afterwards nothing of it is
   left (the rest of the suite, e.g. an evaluation that picks a vLLM backend when vLLM is installed, never sees it).
 - `served(model_path)`: within the block TRL's `VLLMClient` (server mode) is `FakeVLLMClient`, a client whose
-  "server" is a fake `vllm.LLM` over `model_path`, as `trl vllm-serve --model model_path` would hold.
+  "server" is a fake `vllm.LLM` over `model_path`, as `trl vllm-serve --model model_path` would hold (with
+  `logprobs_mode="raw_logprobs"`: a server started without `--logprobs-mode processed_logprobs`).
+- `rewrite_outputs(engine, rewrite)`: every completion the engine returns from then on passes through `rewrite` (a
+  corrupted or malformed engine output; the engine's `requests` keep what it computed).
 - `record_syncs(trainer)`: after each of TRL's weight syncs, the weights the engine should hold, computed from the
   policy without PEFT's merge (base + scaling x B @ A of the "default" adapter), the reference's, and the policy
   with RPG's "ref" adapter merged too, to show the checks would see either sent instead (ZeRO-3: gathered first).
@@ -62,10 +65,11 @@ class FakeVLLMClient:
     """
 
     def __init__(self, model: str, base_url: str | None = None, host: str = "0.0.0.0", server_port: int = 8000,
-                 group_port: int = 51216, connection_timeout: float = 0.0):
+                 group_port: int = 51216, connection_timeout: float = 0.0,
+                 logprobs_mode: str = "processed_logprobs"):
         from vllm import LLM
 
-        self.engine = LLM(model=model, seed=0, logprobs_mode="processed_logprobs")
+        self.engine = LLM(model=model, seed=0, logprobs_mode=logprobs_mode)
         self.base_url = base_url or f"http://{host}:{server_port}"
         self.calls: list[str] = []
         self.communicator = None
@@ -116,15 +120,15 @@ class FakeVLLMClient:
 
 
 @contextmanager
-def served(model_path: str) -> Iterator[list[FakeVLLMClient]]:
-    """TRL's server mode reaches `FakeVLLMClient`s over `model_path`; yields the clients created (inside
-    `installed()`)."""
+def served(model_path: str, logprobs_mode: str = "processed_logprobs") -> Iterator[list[FakeVLLMClient]]:
+    """TRL's server mode reaches `FakeVLLMClient`s over `model_path` (a server run with `logprobs_mode`); yields the
+    clients created (inside `installed()`)."""
     from trl.generation import vllm_generation
 
     clients: list[FakeVLLMClient] = []
 
     def connect(**kwargs):
-        clients.append(FakeVLLMClient(model_path, **kwargs))
+        clients.append(FakeVLLMClient(model_path, logprobs_mode=logprobs_mode, **kwargs))
         return clients[-1]
 
     real = vllm_generation.VLLMClient
@@ -133,6 +137,20 @@ def served(model_path: str) -> Iterator[list[FakeVLLMClient]]:
         yield clients
     finally:
         vllm_generation.VLLMClient = real
+
+
+def rewrite_outputs(engine, rewrite) -> None:
+    """From now on every `CompletionOutput` the fake `engine` returns is `rewrite(output)` (mutated or replaced), in
+    colocate and server mode alike; `engine.requests` keep what the engine computed."""
+    generate = engine.generate
+
+    def rewritten(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        for output in outputs:
+            output.outputs = [rewrite(completion) for completion in output.outputs]
+        return outputs
+
+    engine.generate = rewritten
 
 
 def engine_of(trainer):

@@ -359,3 +359,48 @@ def test_quick_runs_write_outside_the_committed_results(module, monkeypatch):
     assert not paths[True].startswith(results + os.sep) and paths[True].startswith(_common.QUICK_RESULTS_DIR)
     ignored = subprocess.run(["git", "check-ignore", "-q", paths[True]], cwd=os.path.dirname(results))
     assert ignored.returncode == 0, f"{paths[True]} is not ignored by git"
+
+
+def test_cost_vllm_ratios_are_paired():
+    """`benchmarks.cost --vllm` (benchmarks/cost_vllm.py): each ratio is the geometric mean of the paired ratios (per
+    round on CPU, per repetition on GPU) with its 95% interval; the table names the passes and every ratio."""
+    from benchmarks import cost_vllm
+
+    times = {"RPG(engine)": [0.75, 0.8, 0.7], "RPG(recompute)": [1.0, 1.0, 1.0], "GRPO(beta=0)": [1.0, 1.05, 0.95],
+             "GRPO(beta>0)": [1.25, 1.25, 1.25]}
+    passes = {m: {"policy_no_grad": 0 if m == "RPG(engine)" else 1, "reference": int("beta>0" in m),
+                  "policy_grad": 1} for m in times}
+    cpu = dataclasses.replace(cost_vllm.QUICK, lengths=(8,))
+    gpu = dataclasses.replace(cost_vllm.CUDA_QUICK, lengths=(8,), repetitions=3)
+    cpu_runs = [{"length": 8, "train_cpu_s": times, "passes_per_batch": passes}]
+    gpu_runs = [{"method": m, "length": 8, "repetition": rep, "train_s": t, "passes_per_batch": passes[m]}
+                for m, ts in times.items() for rep, t in enumerate(ts)]
+    want = math.exp(statistics.fmean(math.log(a / b) for a, b in zip(times["RPG(engine)"], times["GRPO(beta=0)"])))
+    for s, runs, unit in ((cpu, cpu_runs, "round"), (gpu, gpu_runs, "repetition")):
+        summary = cost_vllm.summarize(s, runs)
+        row = summary["by_length"]["8"]
+        assert row["paired_by"] == unit and row["RPG(engine)/GRPO(beta=0)"]["ratio"] == pytest.approx(want)
+        assert row["RPG(engine)/RPG(recompute)"]["ratio"] == pytest.approx((0.75 * 0.8 * 0.7) ** (1 / 3))
+        assert row["RPG(engine)/GRPO(beta>0)"]["low"] < row["RPG(engine)/GRPO(beta>0)"]["ratio"] < 0.65
+        table = cost_vllm.markdown({"settings": cost._to_jsonable(s), "summary": summary, "n_params": 1000})
+        assert "| 8 | RPG(engine) | 0 + 0 (+ 1) |" in table and "RPG(engine) / RPG(recompute) [95% CI]" in table
+        assert f"paired by {unit}" in table
+
+
+@pytest.mark.slow
+def test_cost_vllm_smoke(tmp_path, keep_threads):
+    """The four trainers in this process on a replayed engine output (the CPU path): "engine" makes no no-grad
+    pass, the others one per generation batch (GRPO(beta>0) a reference pass too)."""
+    from _fake_vllm import installed
+
+    from benchmarks import cost_vllm
+
+    s = dataclasses.replace(cost_vllm.QUICK, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                            intermediate_size=64, lengths=(8,), train_rounds=2, cache_dir=str(tmp_path / "cost"))
+    with installed():
+        result = cost_vllm.run(s, log=lambda *a: None, spawn=False)
+    (run,) = result["runs"]
+    passes = run["passes_per_batch"]
+    assert passes["RPG(engine)"]["policy_no_grad"] == 0 and passes["RPG(recompute)"]["policy_no_grad"] == 1
+    assert passes["GRPO(beta>0)"]["reference"] == 1 and passes["GRPO(beta=0)"]["reference"] == 0
+    assert all(len(t) == 2 and min(t) > 0 for t in run["train_cpu_s"].values())

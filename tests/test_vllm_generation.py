@@ -37,7 +37,8 @@ The claims (the wrong lines that make them fail are rows of scripts/check_mutati
   that triggers a sync or chooses what it sends. Both were checked by hand on a copy of TRL 1.16 put first on
   `PYTHONPATH` (a sync only at step 0: "one sync per generation batch" fails; `VLLMGeneration(model=self.ref_model)`:
   "the engine received weights 0.0367 away from the policy's" at sync 1).
-- Where RPG reduces to GRPO (beta = 0, differentiable, no dual clip) the two sample the same completions and train to
+- Where RPG reduces to GRPO (beta = 0, differentiable, no dual clip, `rpg_sampler_logps="recompute"`: mu = pi_old as
+  in GRPO; "engine" is tests/test_sampler_logps.py's) the two sample the same completions and train to
   the same parameters with vLLM generation, in every `vllm_importance_sampling_mode`, the sampler perturbed so that
   the correction acts (wrong line: the ratio not applied).
 - With beta > 0 the correction weighs every term of the loss, the KL term included, with the ratio TRL builds from
@@ -205,7 +206,8 @@ def test_rpg_trains_like_grpo_with_vllm_generation(fake_vllm, model_dir, tmp_pat
     engine and end with the same parameters; the sampler differs from the policy and the correction acts (ratios
     truncated, or rejected)."""
     monkeypatch.setenv(KERNEL_MISMATCH_ENV, str(KERNEL_MISMATCH))
-    grpo_args, rpg_args = config_pair(tmp_path, base_settings(learning_rate=0.3, **correction_settings(mode)))
+    grpo_args, rpg_args = config_pair(tmp_path, base_settings(learning_rate=0.3, **correction_settings(mode)),
+                                      rpg_sampler_logps="recompute")  # mu = pi_old, as GRPO (test_sampler_logps.py)
     runs = {}
     for name, trainer_cls, args in (("grpo", GRPOTrainer, grpo_args), ("rpg", RPGTrainer, rpg_args)):
         runs[name] = make_trainer(trainer_cls, model_dir, args, prompts(16))
@@ -364,7 +366,8 @@ def sync_run(name: str, trainer: str = "rpg", peft: bool = False) -> dict:
 def equivalence_runs() -> list[dict]:
     settings = base_settings(learning_rate=0.3, max_steps=4, steps_per_generation=4,
                              **correction_settings("token_truncate"))
-    rpg = dict(settings, rpg_estimator="differentiable", rpg_dual_clip_c=None, rpg_reference="sampling")
+    rpg = dict(settings, rpg_estimator="differentiable", rpg_dual_clip_c=None, rpg_reference="sampling",
+               rpg_sampler_logps="recompute")
     return [{"name": "grpo_beta0", "trainer": "grpo", "config": settings, "mismatch": KERNEL_MISMATCH},
             {"name": "rpg_beta0", "trainer": "rpg", "config": rpg, "mismatch": KERNEL_MISMATCH,
              "compare_to": "grpo_beta0"}]

@@ -30,7 +30,8 @@ and `_step` (the reused generation batch and the micro-step counter of `GRPOTrai
 `reward_func_names`, `multi_objective_aggregation`, `shuffle_dataset`, `entropy_coef`, `_last_world_entropy`,
 `_entropy_window_stats` (TRL's adaptive entropy controller, whose state TRL checkpoints), `_entropy_bonus_enabled`,
 `current_gradient_accumulation_steps`, `aux_loss_enabled`, `epsilon_low`, `epsilon_high`, `top_entropy_quantile`,
-`off_policy_mask_threshold`, `importance_sampling_level`, `use_vllm`, `vllm_importance_sampling_correction`.
+`off_policy_mask_threshold`, `importance_sampling_level`, `use_vllm`, `vllm_importance_sampling_correction`,
+`num_iterations`, `rollout_func`.
 
 It also reuses TRL's `is_async_callable` (the rule by which `GRPOTrainer` decides to await a reward function, which
 the reward wrapper keeps) rather than a copy of it, and TRL's `get_trackio_space_url` / `get_comet_experiment_url`
@@ -44,6 +45,11 @@ that process) and `launch_command`; `tests/test_compat.py` checks them too.
 
 From torch it uses `torch.distributed.distributed_c10d._set_pg_timeout` (`set_collective_timeout`: `ddp_timeout`
 honoured on CPU too).
+
+With `rpg_sampler_logps="engine"` (`trl_rpg.sampler_logps`) RPG relies on TRL 1.16's condition for the no-grad pass
+that computes `old_per_token_logps` in `_generate_and_score_completions` (`args.gradient_accumulation_steps %
+generate_every != 0 or (use_vllm and vllm_importance_sampling_correction)`, see `trl_skips_old_logps`), and checks
+the engine's output as `VLLMGeneration.generate` (`trl.generation.vllm_generation`) returns it (`returning_through`).
 
 Generation batches are dicts whose fields `trl_rpg.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
@@ -79,7 +85,7 @@ INSTANCE_ATTRIBUTES = (
     "_entropy_bonus_enabled", "current_gradient_accumulation_steps", "aux_loss_enabled", "epsilon_low",
     "epsilon_high", "top_entropy_quantile", "off_policy_mask_threshold", "importance_sampling_level", "use_vllm",
     "vllm_importance_sampling_correction", "processing_class", "environment_factories", "tools", "chat_template",
-    "chat_template_kwargs",
+    "chat_template_kwargs", "num_iterations", "rollout_func",
 )
 #: Fields of a text-only training generation batch of TRL 1.16 (with steps_per_generation > accumulation steps).
 GENERATION_BATCH_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages",
@@ -232,6 +238,44 @@ def set_collective_timeout(seconds: float) -> None:
         _set_pg_timeout(timedelta(seconds=seconds))
 
 
+@contextmanager
+def returning_through(obj: Any, method: str, check) -> Iterator[None]:
+    """Within the block, every call of `obj.<method>` returns `check(value)` instead of its value (which `check` may
+    refuse by raising); afterwards `obj.<method>` is what it was (an instance's own wrapper is kept). Used to check
+    the vLLM engine's output before TRL reads it."""
+    own = method in vars(obj)
+    original = getattr(obj, method)
+
+    def checked(*args, **kwargs):
+        return check(original(*args, **kwargs))
+
+    setattr(obj, method, checked)
+    try:
+        yield
+    finally:
+        if own:
+            setattr(obj, method, original)
+        else:
+            delattr(obj, method)  # the class's method is visible again
+
+
+@contextmanager
+def trl_skips_old_logps(trainer) -> Iterator[None]:
+    """Within the block, TRL 1.16's `_generate_and_score_completions` runs no forward pass for `old_per_token_logps`
+    and computes no vLLM importance-sampling ratio: its condition for the pass, `args.gradient_accumulation_steps %
+    (steps_per_generation * num_iterations) != 0 or (use_vllm and vllm_importance_sampling_correction)`, reads an
+    accumulation that is a multiple of the generation period and the correction off (nothing else in generation and
+    scoring reads either); both are restored after."""
+    args = trainer.args
+    saved = args.gradient_accumulation_steps, trainer.vllm_importance_sampling_correction
+    args.gradient_accumulation_steps = args.steps_per_generation * trainer.num_iterations
+    trainer.vllm_importance_sampling_correction = False
+    try:
+        yield
+    finally:
+        args.gradient_accumulation_steps, trainer.vllm_importance_sampling_correction = saved
+
+
 def missing_internals(trainer_class, trainer=None) -> list[str]:
     """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
     missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
@@ -247,6 +291,6 @@ __all__ = [
     "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return", "recording",
     "disable_gradient_checkpointing", "is_async_callable",
-    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "set_collective_timeout",
-    "trainer_hub_api", "trl_sees_beta", "use_adapter",
+    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "returning_through",
+    "set_collective_timeout", "trainer_hub_api", "trl_sees_beta", "trl_skips_old_logps", "use_adapter",
 ]

@@ -25,6 +25,8 @@ from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTH
 from .objective_config import config_field as _field
 from .objective_config import finite as _finite
 from .parameter_guard import check_optimizer_settings
+from .sampler_logps import MODES as SAMPLER_LOGPS_MODES
+from .sampler_logps import check_config as check_sampler_logps
 
 REFERENCE_MODES = ("sampling", "initial", "periodic", "adaptive")
 #: GRPO loss types that keep their aggregation meaning under RPG (the per-token loss itself is RPG's).
@@ -91,6 +93,10 @@ class RPGConfig(GRPOConfig):
             Divergence target kappa; required by, and only valid with, `"adaptive"`.
         rpg_reference_kl_decay (`float`, *optional*, defaults to `0.9`):
             Decay of the exponential moving average of the per-step divergence used by `"adaptive"`.
+        rpg_sampler_logps (`str`, *optional*, defaults to `"auto"`):
+            Where the sampler's log-probs mu come from under vLLM generation: `"engine"` (the engine's own: no
+            recomputation pass; the `vllm_importance_sampling_*` fields have no effect), `"recompute"` (the trainer
+            recomputes them; TRL's correction applies), `"auto"`: `"engine"` where it is exact (docs/math.md 4b).
 
         > Parameters that control batch reuse and checkpoints
 
@@ -185,6 +191,12 @@ class RPGConfig(GRPOConfig):
     rpg_reference_kl_decay: float = _field(
         0.9,
         "Decay of the moving average of the divergence used by rpg_reference='adaptive'.",
+    )
+    rpg_sampler_logps: str = _field(
+        "auto",
+        "Sampler log-probs mu under vLLM: 'engine' (vLLM's own; no recomputation pass, vllm_importance_sampling_* "
+        "have no effect), 'recompute' (the trainer's; TRL's correction applies), 'auto' ('engine' where exact).",
+        choices=list(SAMPLER_LOGPS_MODES),
     )
 
     # ---- Batch reuse and checkpoints ----
@@ -320,6 +332,7 @@ class RPGConfig(GRPOConfig):
             bad("delta", self.delta, "two-sided clipping is GRPO's; RPG bounds large ratios with rpg_dual_clip_c")
         if self.importance_sampling_level not in ("token", "sequence"):
             bad("importance_sampling_level", self.importance_sampling_level, "choose 'token' or 'sequence'")
+        check_sampler_logps(self)
 
     @classmethod
     def from_grpo_config(cls, args: GRPOConfig) -> RPGConfig:

@@ -227,15 +227,20 @@ def clip_text(args) -> str:
     return f"clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}"
 
 
-def describe_objective(args) -> str:
+def describe_objective(args, sampler=None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
-    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
+    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; with vLLM generation,
+    what mu is (`sampler`, a resolved `trl_rpg.sampler_logps.SamplerLogps`: `sampler_clause`)."""
+    engine = sampler is not None and sampler.mode == "engine"
     line = (f"RPGTrainer: {objective_text(args)}, reference: "
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
             f"{batch_layout(args).describe(args)}; {clip_text(args)}; "
             f"advantages: {_advantage_text(args)}; loss_type={args.loss_type!r}.")
     if args.beta == 0 and args.rpg_estimator == "differentiable" and args.rpg_dual_clip_c is None:
-        line += " With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+        line += (" With beta=0, the differentiable estimator and no dual clip this trains exactly as GRPOTrainer."
+                 if not engine else " With beta=0, the differentiable estimator and no dual clip this is GRPO's "
+                 "objective with mu = the engine's log-probs (rpg_sampler_logps='recompute' trains exactly as "
+                 "GRPOTrainer).")
     elif args.beta == 0:
         line += " beta=0: no KL regularisation."
     elif kl_term_is_inert(args):
@@ -245,7 +250,7 @@ def describe_objective(args) -> str:
                  ZERO_IN_EXPECTATION: f" The KL term has zero expected gradient here ({why}).",
                  CLIP_ONLY: f" The KL term regularises towards nothing here ({why}), but its +-beta*w changes which "
                             "tokens the clip keeps: not the same as beta=0."}[inert_kl_effect(args)]
-    return line
+    return line + sampler_clause(args, sampler)
 
 
 def describe_async_objective(args) -> str:
@@ -263,6 +268,25 @@ def describe_async_objective(args) -> str:
     return line
 
 
+def sampler_clause(args, sampler) -> str:
+    """What mu is under vLLM generation (empty without vLLM): the engine's own log-probs, with the
+    `vllm_importance_sampling_*` fields inert, or pi_old recomputed with TRL's correction (and why 'auto' chose it)."""
+    if sampler is None or sampler.engine is None:
+        return ""
+    if sampler.mode == "engine":
+        return (" Sampler log-probs mu: those vLLM returned for the sampled tokens (rpg_sampler_logps='engine'): no "
+                "recomputation pass, one weight w = pi_theta/mu against the true sampler (bounded by the clip); "
+                "vllm_importance_sampling_correction, _mode, _clip_min and _clip_max have no effect; the "
+                "train/inference mismatch is logged as rpg/sampler_mismatch_*.")
+    why = f" ('auto' chose it: {sampler.reason})" if sampler.reason else ""
+    mode = args.vllm_importance_sampling_mode
+    correction = (f"vLLM's correction pi_old/mu (vllm_importance_sampling_mode={mode!r}) weighs every term"
+                  if args.vllm_importance_sampling_correction else
+                  "vllm_importance_sampling_correction=False: the sampler mismatch is not corrected")
+    return (f" Sampler log-probs mu: pi_old recomputed by the trainer (rpg_sampler_logps='recompute'{why}); "
+            f"{correction}.")
+
+
 def _advantage_text(args) -> str:
     """What the advantages are, as TRL 1.16 computes them (`GRPOTrainer._generate_and_score_completions`)."""
     if args.multi_objective_aggregation == "normalize_then_sum":
@@ -276,4 +300,4 @@ def _advantage_text(args) -> str:
 __all__ = ["CLIP_ONLY", "EXACTLY_ZERO", "ZERO_IN_EXPECTATION", "BatchLayout", "batch_layout", "clip_text",
            "describe_async_objective", "describe_objective", "ignored_fields_warning", "inert_kl_effect",
            "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches",
-           "truncated_sampling", "truncated_sampling_warning"]
+           "sampler_clause", "truncated_sampling", "truncated_sampling_warning"]

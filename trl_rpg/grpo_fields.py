@@ -84,8 +84,11 @@ GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
     FieldRule("importance_sampling_level", "accepted",
               "'token' or 'sequence' (GSPO: changes the reward term's ratio only)", in_readme=True),
     FieldRule("vllm_importance_sampling_correction", "accepted",
-              "the correction weighs every term of RPG's loss, the KL term included (GRPO leaves its KL uncorrected):"
-              " the exact gradient needs it when the generator differs from the trained policy", in_readme=True),
+              "with rpg_sampler_logps='recompute' the correction weighs every term of RPG's loss, the KL term "
+              "included (GRPO leaves its KL uncorrected): the exact gradient needs it when the generator differs "
+              "from the trained policy; with 'engine' (what 'auto' picks under vLLM with the sampler as reference, "
+              "where exact) mu is the engine's own log-probs, w = pi/mu is already the exact weight, and it and the "
+              "other vllm_importance_sampling_* fields have no effect", in_readme=True),
     FieldRule("top_entropy_quantile", "accepted",
               "masks the advantage (the reward term), as in GRPO; the KL term acts on every token", in_readme=True),
     FieldRule("off_policy_mask_threshold", "accepted",
@@ -142,7 +145,9 @@ GRPO_FIELDS: dict[str, FieldRule] = {rule.name: rule for rule in [
     *_rules("accepted", "vLLM generation, as in GRPO", "use_vllm", "vllm_mode", "vllm_model_impl",
             "vllm_enable_sleep_mode", "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
             "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
-            "vllm_max_model_length", "vllm_tensor_parallel_size", "vllm_importance_sampling_mode",
+            "vllm_max_model_length", "vllm_tensor_parallel_size"),
+    *_rules("accepted", "vLLM's importance-sampling correction, as in GRPO, with rpg_sampler_logps='recompute'; no "
+            "effect with 'engine' (see vllm_importance_sampling_correction)", "vllm_importance_sampling_mode",
             "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap"),
     *_rules("accepted", "rewards and advantages, as in GRPO", "reward_weights", "multi_objective_aggregation"),
     *_rules("accepted", "TRL's entropy bonus and its adaptive controller, added to RPG's loss", "entropy_coef",

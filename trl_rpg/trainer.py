@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, upgrade_guard
+from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, sampler_logps, upgrade_guard
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
@@ -94,6 +94,7 @@ class RPGTrainer(GRPOTrainer):
         self.reference = ReferencePolicy(self, args.rpg_reference, args.rpg_reference_update_steps,
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
+        self.sampler_logps = sampler_logps.SamplerLogps.for_trainer(self)  # mu: the engine's own, or recomputed
         self.skipped_steps = 0
         self._rpg_batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
@@ -145,11 +146,11 @@ class RPGTrainer(GRPOTrainer):
 
     def _rpg_generate_and_score(self, batch):
         """TRL's generation and scoring of `batch`, and the rewards (gathered over processes) it computed."""
-        with _compat.capture_return(self, "_calculate_rewards") as returned, \
+        with _compat.capture_return(self, "_calculate_rewards") as returned, self.sampler_logps.generating(self), \
                 _compat.around_trl_reference_pass(without_dropout):  # a deterministic reference (reference.py)
             output = super()._generate_and_score_completions(batch)
         learning_signal.check_reward_model_scores(returned[-1], self.reward_funcs, self.reward_func_names)
-        return output, returned[-1]
+        return self.sampler_logps.tag(output, self.state.global_step), returned[-1]
 
     # ------------------------------------------------------------------------------------------------------------
     # Loss
@@ -171,6 +172,7 @@ class RPGTrainer(GRPOTrainer):
         # No stored sampler log-probs: the batch is on-policy (one optimizer step per generation), mu = pi_theta.
         old = inputs.get("old_per_token_logps")
         sampling_logps = per_token_logps.detach() if old is None else old
+        sampling_logps = sampler_logps.mu(inputs, sampling_logps)  # an engine batch's own; NaN: excluded, counted
         advantages, entropy_mask = self._rpg_reward_signal(inputs, per_token_logps, sampling_logps, entropies, mask)
         per_token_loss, stats = rpg_per_token_loss(
             per_token_logps, sampling_logps, advantages, mask,
@@ -180,7 +182,7 @@ class RPGTrainer(GRPOTrainer):
             if self.importance_sampling_level == "sequence" else None,
             divergence=args.rpg_divergence, estimator=args.rpg_estimator, beta=args.beta,
             epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, dual_clip_c=args.rpg_dual_clip_c)
-        if self.use_vllm and self.vllm_importance_sampling_correction:  # mu != pi_old: weighs every term (sec. 4b)
+        if "importance_sampling_ratio" in inputs:  # mu != pi_old: TRL's pi_old/mu weighs every term (sec. 4b)
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
@@ -194,6 +196,10 @@ class RPGTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
             self._metrics[mode]["aux_loss"].append(acc.gather_for_metrics(aux_loss).mean().item())
         self._rpg_log_loss_metrics(stats, entropies, mask, policy_loss, mode)
+        if sampler_logps.at_sampling_policy(inputs, self.state.global_step):  # log w here is the sampler mismatch
+            mismatch = sampler_logps.mismatch_metrics(per_token_logps, sampling_logps, mask, acc.gather)
+            self._rpg_log_metrics(mode, mismatch)
+            self._rpg_batch_metrics.update(mismatch if mode == "train" else {})  # shown at every step on the batch
         return loss
 
     def _rpg_reward_signal(self, inputs, per_token_logps, sampling_logps, entropies, mask):
@@ -292,7 +298,7 @@ class RPGTrainer(GRPOTrainer):
             elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
                 checkpoint.warn_if_other_runs(self.args.output_dir)
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
-                logger.warning(describe_objective(self.args))
+                logger.warning(describe_objective(self.args, self.sampler_logps))
             self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
             self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)

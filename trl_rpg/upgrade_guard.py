@@ -48,8 +48,9 @@ ALLOW_ENV = "TRL_RPG_ALLOW_UNREVIEWED"
 
 @dataclass(frozen=True)
 class ReviewedMethod:
-    """A method RPG overrides or relies on: `owner` is `"GRPOTrainer"`, `"Trainer"` or `"GRPOConfig"` (where the
-    method is looked up, so an override in between counts), `digest` the `source_digest` of the reviewed code."""
+    """A method RPG overrides or relies on: `owner` is `"GRPOTrainer"`, `"Trainer"`, `"GRPOConfig"` or
+    `"VLLMGeneration"` (where the method is looked up, so an override in between counts), `digest` the
+    `source_digest` of the reviewed code."""
 
     owner: str
     name: str
@@ -70,8 +71,9 @@ REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
                    "correction, aggregation, entropy bonus, auxiliary loss); a new one would be silently ignored"),
     ReviewedMethod("GRPOTrainer", "compute_loss", "c8a3316de92970c9", "dispatches to `_compute_loss`"),
     ReviewedMethod("GRPOTrainer", "_generate_and_score_completions", "86098a6c6afecb2a",
-                   "wrapped (dynamic sampling, tallies): RPG relies on the batch fields it returns and on its one "
-                   "`_calculate_rewards` call per batch"),
+                   "wrapped (dynamic sampling, tallies): RPG relies on the batch fields it returns, on its one "
+                   "`_calculate_rewards` call per batch, and on its condition for the old-log-prob pass "
+                   "(`_compat.trl_skips_old_logps`, rpg_sampler_logps='engine')"),
     ReviewedMethod("GRPOTrainer", "_calculate_rewards", "13c9b1d606fde323",
                    "its return value, the gathered rewards, is captured"),
     ReviewedMethod("GRPOTrainer", "_prepare_inputs", "d8617f874014c408",
@@ -106,6 +108,9 @@ REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
                    "RPG's checkpoint order relies on what it writes and on its rotation (`save_total_limit`)"),
     ReviewedMethod("GRPOConfig", "__post_init__", "aee78ba2191fa4d6",
                    "RPGConfig resolves `steps_per_generation` before it and relies on what it derives after"),
+    ReviewedMethod("VLLMGeneration", "generate", "f7c045599c862713",
+                   "its output (completions, the engine's log-probs) is checked as it returns (`sampler_logps."
+                   "checked_output`), and its log-probs are mu with rpg_sampler_logps='engine'"),
 )
 
 
@@ -178,7 +183,8 @@ def source_digest(func) -> str:
 
 #: Where each owner of a reviewed method is looked up ("module:attribute"); `register_review` adds others.
 OWNERS: dict[str, str] = {"GRPOTrainer": "trl:GRPOTrainer", "Trainer": "transformers:Trainer",
-                          "GRPOConfig": "trl:GRPOConfig"}
+                          "GRPOConfig": "trl:GRPOConfig",
+                          "VLLMGeneration": "trl.generation.vllm_generation:VLLMGeneration"}
 
 
 def _resolve(path: str):
