@@ -787,6 +787,11 @@ MUTATIONS = [
              '        logger.warning("RPGTrainer: resuming from %s at step %d',
              '        logger.info("RPGTrainer: resuming from %s at step %d',
              "tests/test_cli.py -k resumes_with_true"),
+    # issue 36 s.2-3 (helper newcomer): the first screen, recipes, the precision, plots, the final card, small items
+    Mutation("newcomer: the final save writes no RPG card (LoRA, save_strategy no)", "trl_rpg/trainer.py",
+             "        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(",
+             "        if False and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(",
+             "tests/test_model_card.py -k lora_run"),
 ]
 
 

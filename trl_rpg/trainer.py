@@ -378,6 +378,14 @@ class RPGTrainer(GRPOTrainer):
     # Model card
     # ------------------------------------------------------------------------------------------------------------
 
+    def save_model(self, output_dir=None, _internal_call=False):
+        # Override: the final model in output_dir gets RPG's card, as each checkpoint does (without this, a run with
+        # save_strategy="no" keeps PEFT's blank card with LoRA, no card with full fine-tuning).
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
+                self.args.output_dir):
+            self.create_model_card(model_name=os.path.basename(os.path.abspath(self.args.output_dir)))
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         # Override: RPG's card from RPG's own template (what TRL's carries, right for local models, local data and
         # unpushed runs, plus the RPG settings), not TRL's card edited afterwards.
