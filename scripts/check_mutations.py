@@ -792,6 +792,14 @@ MUTATIONS = [
              "        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(",
              "        if False and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(",
              "tests/test_model_card.py -k lora_run"),
+    Mutation("newcomer: Ctrl-C said by every process", "trl_rpg/cli/training.py",
+             '        if os.environ.get("RANK", "0") == "0":  # every process gets Ctrl-C: the line once, from the first',
+             "        if True:",
+             "tests/test_cli_runs.py -k ctrl_c_is_said_once"),
+    Mutation("newcomer: the no-learning-signal verdict printed with a traceback", "trl_rpg/cli/training.py",
+             "    if not isinstance(error, NoLearningSignal):\n        traceback.print_exception(error)",
+             "    if True:\n        traceback.print_exception(error)",
+             "tests/test_cli_runs.py -k without_learning_signal"),
 ]
 
 
