@@ -800,6 +800,10 @@ MUTATIONS = [
              "    if not isinstance(error, NoLearningSignal):\n        traceback.print_exception(error)",
              "    if True:\n        traceback.print_exception(error)",
              "tests/test_cli_runs.py -k without_learning_signal"),
+    Mutation("newcomer: a recipe's launcher keys (accelerate_config, num_processes) dropped", "trl_rpg/cli/launcher.py",
+             "launch_args = resolve_accelerate_config(config_remaining + cli_remaining)",
+             "launch_args = resolve_accelerate_config(cli_remaining)",
+             "tests/test_recipes.py -k launches_with_its_accelerate_config"),
 ]
 
 
