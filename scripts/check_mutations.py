@@ -804,6 +804,18 @@ MUTATIONS = [
              "launch_args = resolve_accelerate_config(config_remaining + cli_remaining)",
              "launch_args = resolve_accelerate_config(cli_remaining)",
              "tests/test_recipes.py -k launches_with_its_accelerate_config"),
+    Mutation("newcomer: a launcher's mixed precision under other arguments not warned", "trl_rpg/trainer.py",
+             "        if clash and self.is_world_process_zero():  # `trl-rpg train` refuses it; a script is told",
+             "        if False:",
+             "tests/test_precision.py -k launcher_bf16"),
+    Mutation("newcomer: the start-up line without the precision", "trl_rpg/describe.py",
+             '        line += f" Precision: {precision}."',
+             "        pass",
+             "tests/test_precision.py -k launcher_bf16"),
+    Mutation("newcomer: the start-up line does not say the launcher decided the precision", "trl_rpg/precision.py",
+             '    if (used or "no") != asked:',
+             "    if False:",
+             "tests/test_precision.py -k launcher_bf16"),
 ]
 
 

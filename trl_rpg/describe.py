@@ -152,9 +152,10 @@ def _scale_clause(args) -> str:
     return f": {note}" if note else ""
 
 
-def describe_objective(args) -> str:
+def describe_objective(args, precision: str | None = None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
-    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would."""
+    widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; then the `precision`
+    it trains in, when given (`trl_rpg.precision.precision_clause`)."""
     title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
     dual = "no dual clip" if args.rpg_dual_clip_c is None else f"dual clip c={args.rpg_dual_clip_c}"
     line = (f"RPGTrainer: optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
@@ -170,6 +171,8 @@ def describe_objective(args) -> str:
         why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
                "reference refreshed to the policy after every optimizer step")
         line += f" The KL term has zero expected gradient here ({why})."
+    if precision:
+        line += f" Precision: {precision}."
     return line
 
 

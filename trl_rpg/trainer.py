@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, upgrade_guard
+from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, precision, upgrade_guard
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
@@ -74,6 +74,10 @@ class RPGTrainer(GRPOTrainer):
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        clash = precision.clash_warning(args.bf16, args.fp16, self.accelerator.mixed_precision,
+                                        os.environ.get(precision.MIXED_PRECISION_ENV))
+        if clash and self.is_world_process_zero():  # `trl-rpg train` refuses it; a script is told
+            logger.warning(clash)
         if self.environment_factories is None:
             validate_tokenized_prompts(self.train_dataset, self.processing_class, tools=self.tools,
                                        chat_template=self.chat_template,
@@ -271,7 +275,10 @@ class RPGTrainer(GRPOTrainer):
         elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
             checkpoint.warn_if_other_runs(self.args.output_dir)
         if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
-            logger.warning(describe_objective(self.args))
+            logger.warning(describe_objective(self.args, precision.precision_clause(
+                self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
+                [p.dtype for p in self.model.parameters() if p.requires_grad],
+                os.environ.get(precision.MIXED_PRECISION_ENV))))
         self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()
         self._reward_scale = RewardScaleCheck.for_args(self.args)
         output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
