@@ -816,6 +816,22 @@ MUTATIONS = [
              '    if (used or "no") != asked:',
              "    if False:",
              "tests/test_precision.py -k launcher_bf16"),
+    Mutation("newcomer: trl-rpg plot OUTPUT_DIR writes rpg_curves_checkpoint-N.png", "trl_rpg/plots.py",
+             "    if path is not None and os.path.isdir(path) and not _CHECKPOINT.match(",
+             "    if False and not _CHECKPOINT.match(",
+             "tests/test_plot_figure.py -k finished_output_dir"),
+    Mutation("newcomer: the w panel keeps the log scale's decade ticks", "trl_rpg/plots.py",
+             "    ax.yaxis.set_major_locator(FixedLocator(ticks))",
+             "    pass",
+             "tests/test_plot_figure.py -k tick_above_1"),
+    Mutation("newcomer: batch reuse's sawtooth not explained on the figure", "trl_rpg/plots.py",
+             "        figure.text(0.5, 0.01, _sawtooth_note(reuse),",
+             "        (0.5, 0.01, _sawtooth_note(reuse),",
+             "tests/test_plot_figure.py -k sawtooth"),
+    Mutation("newcomer: an ended run's empty panel says 'nothing logged yet'", "trl_rpg/plots.py",
+             "    if ended and global_step is not None and logging_steps:",
+             "    if False:",
+             "tests/test_plot_figure.py -k ended_run"),
 ]
 
 
