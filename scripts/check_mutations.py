@@ -832,6 +832,14 @@ MUTATIONS = [
              "    if ended and global_step is not None and logging_steps:",
              "    if False:",
              "tests/test_plot_figure.py -k ended_run"),
+    Mutation("newcomer: --epsilon's help says 'Default 0.2' beside '(default: None)'", "trl_rpg/cli/arguments.py",
+             '    "--epsilon": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "',
+             '    "--delta": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "',
+             "tests/test_cli.py -k argparse_contradicts"),
+    Mutation("newcomer: gpu_check.sh runs on without DeepSpeed", "scripts/gpu_check.sh",
+             """if [ "$VLLM" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then""",
+             "if false; then",
+             "tests/test_gpu_check.py"),
 ]
 
 

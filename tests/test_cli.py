@@ -162,6 +162,21 @@ def test_train_help_puts_config_and_rpg_fields_first_and_tells_rpg_defaults(caps
     assert "--accelerate_config" not in in_process  # no launcher there
 
 
+def test_no_help_text_states_a_default_that_argparse_contradicts():
+    """A field left unset (None) until RPGConfig resolves it must not read "Default 0.2 ... (default: None)" in
+    `--help` (issue 36 s.3): its help says what None means instead."""
+    import re
+
+    from trl_rpg.cli.arguments import make_train_parser
+
+    contradicted = [a.option_strings[0] for a in make_train_parser()._actions
+                    if a.default is None and a.help and re.search(r"[Dd]efault:? [0-9'\"]", a.help)]
+    assert contradicted == []
+    parser = make_train_parser()
+    for flag, value in (("--epsilon", "0.2"), ("--epsilon_high", "0.28")):
+        assert f"Unset (None): {value}," in parser._option_string_actions[flag].help
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------------------------
