@@ -840,6 +840,10 @@ MUTATIONS = [
              """if [ "$VLLM" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then""",
              "if false; then",
              "tests/test_gpu_check.py"),
+    Mutation("newcomer: rpg_math.py's script metadata without the extras it uses", "examples/rpg_math.py",
+             '#     "trl-rpg[math,plot]",',
+             '#     "trl-rpg",',
+             "tests/test_examples.py -k inline_script"),
 ]
 
 
