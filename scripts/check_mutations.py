@@ -662,9 +662,9 @@ MUTATIONS = [
              "            if self._scoring.add(rewards) and self._scoring.batches == 1:",
              "tests/test_run_tallies.py -k first_unscored_batch"),
     Mutation("a second train() inherits the first call's learning-signal counts", "trl_rpg/trainer.py",
-             "            logger.warning(describe_objective(self.args))\n"
+             "                os.environ.get(precision.MIXED_PRECISION_ENV))))\n"
              "        self._scoring, self._signal = ScoringTally(), learning_signal.SignalTally()",
-             "            logger.warning(describe_objective(self.args))\n        self._scoring = ScoringTally()",
+             "                os.environ.get(precision.MIXED_PRECISION_ENV))))\n        self._scoring = ScoringTally()",
              "tests/test_run_tallies.py -k second_train"),
     Mutation("a clip width float32 rounds away accepted", "trl_rpg/config.py",
              "            if getattr(self, name) < MIN_CLIP_WIDTH:",
