@@ -243,25 +243,16 @@ def test_resume_argument_values():
     assert cli.resume_argument("out/checkpoint-4") == "out/checkpoint-4"
 
 
-def _readme_cpu_command() -> list[str]:
-    """The README's quick local run on a machine without GPU, as written."""
-    import shlex
-
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("trl-rpg train --model_name_or_path ./my-model"))
-    command = []
-    for line in lines[start:]:
-        command.append(line.strip().removesuffix("\\"))
-        if not line.rstrip().endswith("\\"):
-            break
-    return shlex.split(" ".join(command))
+#: A CPU run of a local model on a local data file (the README's quick local run before its quick start ran the toy
+#: recipe, which tests/test_readme_commands.py runs word for word).
+_CPU_COMMAND = ["trl-rpg", "train", "--model_name_or_path", "./my-model", "--dataset_name", "train.parquet",
+                "--output_dir", "out", "--max_steps", "2", "--use_cpu", "True", "--bf16", "False"]
 
 
-def test_readme_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
-    """The README's CPU command, word for word, on a data set with `prompt` + `answer` columns: it trains, and the
-    default `math_reward` scores every batch (as the example scores such data), instead of "not scored"."""
-    argv = _readme_cpu_command()
-    assert argv[:2] == ["trl-rpg", "train"] and argv[-4:] == ["--use_cpu", "True", "--bf16", "False"]
+def test_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
+    """A CPU run on a data set with `prompt` + `answer` columns: it trains, and the default `math_reward` scores
+    every batch (as the example scores such data), instead of "not scored"."""
+    argv = _CPU_COMMAND
     save_tiny_model(str(tmp_path / "my-model"))
     pd.DataFrame({"prompt": _prompts(16), "answer": _sums(16)}).to_parquet(tmp_path / "train.parquet")
     # plus a length reward: a tiny random model never solves a problem, and a run whose rewards never differ
