@@ -245,6 +245,7 @@ def test_rpg_math_carries_the_inline_script_metadata_a_one_file_runner_reads():
     specification's reference regex; it names this project with extras that exist (math-verify for the reward,
     matplotlib for the curves)."""
     import re
+
     import tomllib
 
     text = (EXAMPLES / "rpg_math.py").read_text()

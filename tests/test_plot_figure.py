@@ -37,7 +37,8 @@ def test_plot_of_a_finished_output_dir_writes_rpg_curves_png_there(tmp_path, cap
     (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 16, "logging_steps": 2,
                                                                "log_history": REUSED}))
     assert cli.main(["plot", str(tmp_path / "run")]) == 0
-    assert (tmp_path / "run" / PLOT_FILE).is_file() and not (tmp_path / "run" / "rpg_curves_checkpoint-16.png").exists()
+    assert (tmp_path / "run" / PLOT_FILE).is_file()
+    assert not (tmp_path / "run" / "rpg_curves_checkpoint-16.png").exists()
     assert capsys.readouterr().out.startswith(str(tmp_path / "run" / PLOT_FILE))
     assert cli.main(["plot", str(checkpoint)]) == 0  # a checkpoint folder: next to it, named after it
     assert (tmp_path / "run" / "rpg_curves_checkpoint-16.png").is_file() and not (checkpoint / PLOT_FILE).exists()
@@ -50,7 +51,8 @@ def test_the_w_panel_labels_a_tick_above_1_up_to_w_max():
     _w_panel(ax, REUSED)
     figure.canvas.draw()
     bottom, top = ax.get_ylim()
-    labelled = [float(t.get_text()) for t in ax.get_yticklabels() if t.get_text() and bottom <= t.get_position()[1] <= top]
+    labelled = [float(t.get_text()) for t in ax.get_yticklabels()
+                if t.get_text() and bottom <= t.get_position()[1] <= top]
     assert any(v > 1 for v in labelled) and any(v < 1 for v in labelled) and 1.0 in labelled, labelled
     assert top >= 1.3 and max(labelled) >= 1.3
 

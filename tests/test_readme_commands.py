@@ -7,6 +7,7 @@ server TRL starts and a trainer that uses it; telemetry is as the README says (i
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,7 +136,8 @@ def test_the_gpu_quick_start_is_trls_example_with_the_import_swapped():
     from trl import GRPOTrainer
 
     example = GRPOTrainer.__doc__  # TRL's example, whose data set and reward the README keeps
-    assert 'load_dataset("trl-lib/DeepMath-103K", split="train")' in example and 'load_dataset("trl-lib/DeepMath-103K", split="train")' in gpu
+    data = 'load_dataset("trl-lib/DeepMath-103K", split="train")'
+    assert data in example and data in gpu
     assert "from trl.rewards import accuracy_reward" in example
 
 
@@ -229,16 +231,17 @@ def test_telemetry_is_as_the_readme_says(tmp_path, monkeypatch):
     # the off switch: huggingface_hub's send_telemetry queues nothing once it is set
     queued = []
     monkeypatch.setattr(hub_telemetry, "_start_telemetry_thread", lambda: None)
-    monkeypatch.setattr(hub_telemetry, "_TELEMETRY_QUEUE", type("Queue", (), {"put": lambda self, x: queued.append(x)})())
+    queue = type("Queue", (), {"put": lambda self, item: queued.append(item)})()
+    monkeypatch.setattr(hub_telemetry, "_TELEMETRY_QUEUE", queue)
     hub_telemetry.send_telemetry("trl/other", library_name="trl")
     assert len(queued) == 1 or huggingface_hub.constants.is_offline_mode()
     queued.clear()
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_TELEMETRY", True)
     hub_telemetry.send_telemetry("trl/other", library_name="trl")
     assert queued == []
-    import sys
 
     read = subprocess.run([sys.executable, "-c", "import huggingface_hub.constants as c; "
-                           "print(c.HF_HUB_DISABLE_TELEMETRY)"], env={"HF_HUB_DISABLE_TELEMETRY": "1", "PATH": "/usr/bin:/bin"},
+                           "print(c.HF_HUB_DISABLE_TELEMETRY)"],
+                          env={"HF_HUB_DISABLE_TELEMETRY": "1", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=120, check=True)
     assert read.stdout.strip() == "True"

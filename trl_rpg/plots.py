@@ -216,7 +216,8 @@ def batch_reuse(log_history: Sequence[dict]) -> int:
     """The most optimizer steps one generation batch was trained on, as the logs show it (1 when they do not): the
     steps over which consecutive training logs carry the same `num_tokens` (the count of the batch trained on, which
     a reused batch carries to every step it trains), up to the next log."""
-    logs = [(int(e["step"]), e["num_tokens"]) for e in log_history if "loss" in e and "num_tokens" in e and "step" in e]
+    logs = [(int(e["step"]), e["num_tokens"]) for e in log_history
+            if "loss" in e and "num_tokens" in e and "step" in e]
     longest, start = 1, 0
     for i in range(1, len(logs) + 1):
         if i == len(logs) or logs[i][1] != logs[start][1]:

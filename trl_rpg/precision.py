@@ -31,7 +31,7 @@ def _launcher_precision(launcher: str | None) -> str | None:
 
 def clash_warning(bf16: bool, fp16: bool, used: str, launcher: str | None) -> str | None:
     """The warning for a launcher whose mixed precision (`launcher`: `ACCELERATE_MIXED_PRECISION`) is not what the
-    arguments ask for, saying which one the run uses (`used`: the accelerator's `mixed_precision`); None without one."""
+    arguments ask for, saying which one the run uses (`used`: the accelerator's `mixed_precision`); else None."""
     asked, launcher = requested(bf16, fp16), _launcher_precision(launcher)
     if launcher is None or launcher == asked:
         return None

@@ -111,8 +111,8 @@ _RPG_HELP = {
     # unset (None) until RPGConfig resolves them: the help says what None means, next to argparse's "(default: None)"
     "--epsilon": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "
                  "epsilon_high]. Unset (None): 0.2, the paper's (and GRPO's).",
-    "--epsilon_high": "Upper clip width eps_high (> 0). Unset (None): 0.28, the paper's clip-higher, when --epsilon is "
-                      "unset too; else equal to --epsilon (symmetric, as in GRPOConfig).",
+    "--epsilon_high": "Upper clip width eps_high (> 0). Unset (None): 0.28, the paper's clip-higher, when --epsilon "
+                      "is unset too; else equal to --epsilon (symmetric, as in GRPOConfig).",
 }
 
 
