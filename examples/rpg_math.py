@@ -1,4 +1,9 @@
 #!/usr/bin/env python
+# /// script
+# dependencies = [
+#     "trl-rpg[math,plot]",
+# ]
+# ///
 """RPG on DAPO-Math: the recipe of the RPG paper (Zhang et al., ICLR 2026, arXiv:2505.17508) in TRL terms.
 
 * Data: DAPO-Math-17k (default `--dataset_name BytedTsinghua-SIA/DAPO-Math-17k`), or any local `.parquet` /

@@ -3,6 +3,9 @@
 #
 #   bash scripts/gpu_check.sh              # CUDA machine: random ~0.5B Qwen2-shaped model, bf16, a few minutes
 #   bash scripts/gpu_check.sh --dry-run    # no GPU needed: tiny model, fp32, DeepSpeed on CPU; checks the plumbing
+#                                          # (needs DeepSpeed, which the test extra installs and the demo's does not:
+#                                          # pip install -e ".[deepspeed]"; its first run in a new environment takes
+#                                          # about twice the time docs/distributed.md states)
 #   bash scripts/gpu_check.sh --with-rpg-initial   # also RPG with a reference model (rpg_reference="initial")
 #   bash scripts/gpu_check.sh --vllm       # instead: tests/test_vllm_generation.py's claims with real vLLM (colocate,
 #                                          # one GPU, vLLM installed; scripts/vllm_check.py); with --dry-run: on CPU
@@ -38,6 +41,11 @@ for arg in "$@"; do
 done
 
 PYTHON="${PYTHON:-python}"
+if [ "$VLLM" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
+  echo "[gpu_check] needs DeepSpeed (both trainers run under ZeRO-3, on CPU with --dry-run too), which $PYTHON cannot" \
+       "import: pip install -e \".[deepspeed]\" (the test extra has it; the demo's does not)" >&2
+  exit 1
+fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/rpg_gpu_check.XXXXXX")"
 cleanup() { if [ "${KEEP:-0}" = 1 ]; then echo "[gpu_check] kept $WORK"; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT

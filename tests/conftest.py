@@ -6,8 +6,20 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
 sys.path.insert(0, os.path.dirname(__file__))  # test helpers such as _enumeration.py and _tiny.py
+
+
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory):
+    """The toy task's default warmed-up model (the full warm-up, the longest build of the suite), built once per
+    session and saved: `trl_rpg.toy.build_toy_model(toy_model_dir)` with the default settings loads it (its cache)."""
+    from trl_rpg.toy import build_toy_model
+
+    path = tmp_path_factory.mktemp("toy") / "toy-model"
+    build_toy_model(path)
+    return path

@@ -162,6 +162,21 @@ def test_train_help_puts_config_and_rpg_fields_first_and_tells_rpg_defaults(caps
     assert "--accelerate_config" not in in_process  # no launcher there
 
 
+def test_no_help_text_states_a_default_that_argparse_contradicts():
+    """A field left unset (None) until RPGConfig resolves it must not read "Default 0.2 ... (default: None)" in
+    `--help` (issue 36 s.3): its help says what None means instead."""
+    import re
+
+    from trl_rpg.cli.arguments import make_train_parser
+
+    contradicted = [a.option_strings[0] for a in make_train_parser()._actions
+                    if a.default is None and a.help and re.search(r"[Dd]efault:? [0-9'\"]", a.help)]
+    assert contradicted == []
+    parser = make_train_parser()
+    for flag, value in (("--epsilon", "0.2"), ("--epsilon_high", "0.28")):
+        assert f"Unset (None): {value}," in parser._option_string_actions[flag].help
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------------------------
@@ -228,25 +243,16 @@ def test_resume_argument_values():
     assert cli.resume_argument("out/checkpoint-4") == "out/checkpoint-4"
 
 
-def _readme_cpu_command() -> list[str]:
-    """The README's quick local run on a machine without GPU, as written."""
-    import shlex
-
-    lines = (ROOT / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("trl-rpg train --model_name_or_path ./my-model"))
-    command = []
-    for line in lines[start:]:
-        command.append(line.strip().removesuffix("\\"))
-        if not line.rstrip().endswith("\\"):
-            break
-    return shlex.split(" ".join(command))
+#: A CPU run of a local model on a local data file (the README's quick local run before its quick start ran the toy
+#: recipe, which tests/test_readme_commands.py runs word for word).
+_CPU_COMMAND = ["trl-rpg", "train", "--model_name_or_path", "./my-model", "--dataset_name", "train.parquet",
+                "--output_dir", "out", "--max_steps", "2", "--use_cpu", "True", "--bf16", "False"]
 
 
-def test_readme_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
-    """The README's CPU command, word for word, on a data set with `prompt` + `answer` columns: it trains, and the
-    default `math_reward` scores every batch (as the example scores such data), instead of "not scored"."""
-    argv = _readme_cpu_command()
-    assert argv[:2] == ["trl-rpg", "train"] and argv[-4:] == ["--use_cpu", "True", "--bf16", "False"]
+def test_cpu_run_scores_a_prompt_answer_dataset(tmp_path):
+    """A CPU run on a data set with `prompt` + `answer` columns: it trains, and the default `math_reward` scores
+    every batch (as the example scores such data), instead of "not scored"."""
+    argv = _CPU_COMMAND
     save_tiny_model(str(tmp_path / "my-model"))
     pd.DataFrame({"prompt": _prompts(16), "answer": _sums(16)}).to_parquet(tmp_path / "train.parquet")
     # plus a length reward: a tiny random model never solves a problem, and a run whose rewards never differ

@@ -98,6 +98,27 @@ def test_every_way_a_cli_run_ends_goes_through_trainer_end(tiny, ends, monkeypat
     assert (root / "fine" / "model.safetensors").exists()
 
 
+def test_ctrl_c_is_said_once_over_several_processes(tiny, monkeypatch, capsys):
+    """Every training process gets Ctrl-C (the terminal signals the whole process group): the first one (`RANK` 0)
+    says so, the others only exit 130, so a two-process run prints the line once (issue 36 s.3)."""
+    from trl_rpg.cli import training
+
+    root, model, data = tiny
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "prepare_training", lambda *args: None)
+    monkeypatch.setattr(training, "train", interrupted)
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        status = training.run_train(_train_args(model, data, root / "ctrl-c"), prog="trl-rpg train")
+        said[rank] = capsys.readouterr().err.count("trl-rpg train: interrupted (Ctrl-C).")
+        assert status == 130, rank
+    assert said == {"0": 1, "1": 0}
+
+
 def _load_rpg_math():
     spec = importlib.util.spec_from_file_location("rpg_math_example", ROOT / "examples" / "rpg_math.py")
     module = importlib.util.module_from_spec(spec)
@@ -137,11 +158,13 @@ def test_a_run_without_learning_signal_fails_with_the_final_model_saved_and_its_
     out = root / "no-signal"
     # math_reward (the default) on a tiny random model: 0 for every completion
     status = cli.main(["train", *_train_args(model, data, out)], launch=False, prog="python -m trl_rpg")
-    last = _last_line(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    last = _last_line(err)
     assert status == 1
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
     assert last.startswith("python -m trl_rpg train: error: NoLearningSignal: RPGTrainer: none of the 1 optimizer "
                            "steps carried a learning signal"), last
+    assert "Traceback" not in err  # a designed stop, not a bug: its line only (issue 36 s.3)
     assert len(ends) == 1
 
 

@@ -238,3 +238,23 @@ def test_dependency_floors_are_the_tested_versions_and_the_readme_names_them():
     for name in ("peft", "datasets"):
         assert f"{name} >= {floors[name]}" in readme, name
     from trl_rpg import _compat  # noqa: F401  (its imports resolve on the tested transformers: tests/test_compat.py)
+
+
+def test_rpg_math_carries_the_inline_script_metadata_a_one_file_runner_reads():
+    """PEP 723's `# /// script` block, as TRL's example scripts carry it (issue 36 s.2): parsed with the
+    specification's reference regex; it names this project with extras that exist (math-verify for the reward,
+    matplotlib for the curves)."""
+    import re
+    import tomllib
+
+    text = (EXAMPLES / "rpg_math.py").read_text()
+    regex = r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$"
+    (block,) = [m for m in re.finditer(regex, text) if m.group("type") == "script"]
+    content = "".join(line[2:] if line.startswith("# ") else line[1:]
+                      for line in block.group("content").splitlines(keepends=True))
+    metadata = tomllib.loads(content)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (dependency,) = metadata["dependencies"]
+    name, extras = re.fullmatch(r"([\w-]+)\[([\w,]+)\]", dependency).groups()
+    assert name == project["name"] and {"math", "plot"} <= set(extras.split(","))
+    assert set(extras.split(",")) <= set(project["optional-dependencies"])

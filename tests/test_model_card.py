@@ -190,6 +190,11 @@ def test_a_lora_run_says_its_output_is_an_adapter(model_path, tmp_path):
     args = RPGConfig(**cpu_args(out, max_steps=1, steps_per_generation=2))
     trainer = RPGTrainer(model=model_path, reward_funcs=length_reward, args=args, train_dataset=tiny_dataset(),
                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    # save_strategy="no": no checkpoint wrote a card; the final save writes RPG's, not PEFT's blank one (issue 36 s.3)
+    trainer.save_model()
+    saved = (out / "README.md").read_text(encoding="utf-8")
+    assert "This repository holds a LoRA adapter (PEFT), not full weights" in saved and "## RPG settings" in saved
+    assert "[More Information Needed]" not in saved  # PEFT's template
     trainer.create_model_card(model_name="rpg-lora")
     text = (out / "README.md").read_text(encoding="utf-8")
     assert "This repository holds a LoRA adapter (PEFT), not full weights" in text

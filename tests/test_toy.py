@@ -21,9 +21,9 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def warm_model():
-    """The full default warm-up (what the demo uses), built once for this module."""
-    return toy.build_toy_model(seed=0)
+def warm_model(toy_model_dir):
+    """The full default warm-up (what the demo uses), built once per session (conftest's `toy_model_dir`)."""
+    return toy.build_toy_model(toy_model_dir, seed=0)
 
 
 def test_tokenizer_round_trips_task_text(tokenizer):

@@ -227,10 +227,11 @@ def clip_text(args) -> str:
     return f"clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}"
 
 
-def describe_objective(args, sampler=None) -> str:
+def describe_objective(args, sampler=None, precision: str | None = None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; with vLLM generation,
-    what mu is (`sampler`, a resolved `trl_rpg.sampler_logps.SamplerLogps`: `sampler_clause`)."""
+    what mu is (`sampler`, a resolved `trl_rpg.sampler_logps.SamplerLogps`: `sampler_clause`); then the `precision`
+    it trains in, when given (`trl_rpg.precision.precision_clause`)."""
     engine = sampler is not None and sampler.mode == "engine"
     line = (f"RPGTrainer: {objective_text(args)}, reference: "
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
@@ -250,7 +251,10 @@ def describe_objective(args, sampler=None) -> str:
                  ZERO_IN_EXPECTATION: f" The KL term has zero expected gradient here ({why}).",
                  CLIP_ONLY: f" The KL term regularises towards nothing here ({why}), but its +-beta*w changes which "
                             "tokens the clip keeps: not the same as beta=0."}[inert_kl_effect(args)]
-    return line + sampler_clause(args, sampler)
+    line += sampler_clause(args, sampler)
+    if precision:
+        line += f" Precision: {precision}."
+    return line
 
 
 def describe_async_objective(args) -> str:

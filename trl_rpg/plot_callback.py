@@ -32,7 +32,8 @@ class RPGPlotCallback(TrainerCallback):
         try:
             os.makedirs(args.output_dir, exist_ok=True)
             draw_run(state.log_history, path, title=f"{os.path.basename(os.path.abspath(args.output_dir))} "
-                                                    f"(step {state.global_step})")
+                                                    f"(step {state.global_step})", global_step=state.global_step,
+                     logging_steps=getattr(state, "logging_steps", None))
         except MissingMatplotlib as error:
             self._disabled = True
             logger.warning("RPGTrainer: no %s: %s (`trl-rpg plot %s` draws it later).", self.filename, error,

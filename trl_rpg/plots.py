@@ -22,13 +22,14 @@ imported only when a picture is drawn, and this module does not import transform
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
 from collections.abc import Sequence
 
-__all__ = ["PLOT_FILE", "MissingMatplotlib", "checked_state", "draw_run", "find_trainer_state", "moving_mean",
-           "plot_run", "read_run", "series"]
+__all__ = ["PLOT_FILE", "MissingMatplotlib", "batch_reuse", "checked_state", "draw_run", "empty_note",
+           "find_trainer_state", "moving_mean", "plot_run", "read_run", "series", "w_ticks"]
 
 #: The picture a training run leaves in its `output_dir`.
 PLOT_FILE = "rpg_curves.png"
@@ -137,9 +138,13 @@ def find_trainer_state(path: str) -> str:
     return read_run(path)[0]
 
 
-def default_output(state_path: str) -> str:
-    """Where `trl-rpg plot` writes by default: the run's `output_dir` (for a checkpoint's state, the folder above
-    it, as `rpg_curves_checkpoint-N.png`: a checkpoint folder itself is left as written)."""
+def default_output(state_path: str, path: str | None = None) -> str:
+    """Where `trl-rpg plot PATH` writes by default: `rpg_curves.png` in the `output_dir` named (`PATH` itself, even
+    when its newest `trainer_state.json` is a checkpoint's, as after a finished run), or in the folder of the
+    `trainer_state.json`; for a checkpoint's state, the folder above it, as `rpg_curves_checkpoint-N.png` (a checkpoint
+    folder itself is left as written)."""
+    if path is not None and os.path.isdir(path) and not _CHECKPOINT.match(os.path.basename(os.path.abspath(path))):
+        return os.path.join(path, PLOT_FILE)
     folder = os.path.dirname(os.path.abspath(state_path))
     if _CHECKPOINT.match(os.path.basename(folder)):
         return os.path.join(os.path.dirname(folder), f"rpg_curves_{os.path.basename(folder)}.png")
@@ -228,11 +233,39 @@ def _w_panel(ax, log_history):
             ax.plot(*points, label=key, **style)
     ax.axhline(1.0, color="gray", lw=0.8, ls=":")
     ax.set_yscale("log")
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullLocator
 
-    for axis_ticks in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-        axis_ticks(FormatStrFormatter("%.3g"))  # plain numbers: w stays near 1
+    shown = [v for key in ("rpg/w_p01", "rpg/w_p99", "rpg/w_max", "rpg/w_mean") for v in series(log_history, key)[1]
+             if v > 0 and math.isfinite(v)]
+    ticks, limits = w_ticks(min(shown, default=1.0), max(shown, default=1.0))
+    ax.set_ylim(*limits)  # from a labelled tick at or below the lowest w to one at or above w_max
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))  # plain numbers: w stays near 1
     ax.set_ylabel("w = pi_theta / mu")
+
+
+#: Where the w panel may put a labelled tick: 1, 2, 5 times a power of ten, and the steps near 1 where w mostly is.
+W_TICKS = sorted({m * 10.0**k for k in range(-6, 7) for m in (1, 2, 5)} | {0.8, 0.9, 1.1, 1.2, 1.5})
+
+
+def w_ticks(lowest: float, highest: float, per_side: int = 4) -> tuple[list[float], tuple[float, float]]:
+    """The w panel's labelled ticks and limits for `w` between `lowest` and `highest`: the limits are the nearest
+    `W_TICKS` outside the data and outside 1 (so a labelled tick always sits above 1, at or above `rpg/w_max`, and
+    one below 1), with at most `per_side` ticks on each side of 1 (the extremes kept)."""
+    top = next((t for t in W_TICKS if t > 1 and t >= highest), W_TICKS[-1])
+    bottom = next((t for t in reversed(W_TICKS) if t < 1 and t <= lowest), W_TICKS[0])
+    above = [t for t in W_TICKS if 1 < t <= top]
+    below = [t for t in W_TICKS if bottom <= t < 1]
+    return _thin(below[::-1], per_side)[::-1] + [1.0] + _thin(above, per_side), (bottom, top)
+
+
+def _thin(ticks: list[float], most: int) -> list[float]:
+    """At most `most` of `ticks` (ordered away from 1), evenly spread, the last one (the limit) always kept."""
+    if len(ticks) <= most:
+        return ticks
+    step = (len(ticks) - 1) / (most - 1)
+    return [ticks[round(i * step)] for i in range(most)]
 
 
 def _clip_panel(ax, log_history):
@@ -251,11 +284,49 @@ _PANELS = (  # (title, metrics any of which makes the panel drawn, drawer)
 )
 
 
+def batch_reuse(log_history: Sequence[dict]) -> int:
+    """The most optimizer steps one generation batch was trained on, as the logs show it (1 when they do not): the
+    steps over which consecutive training logs carry the same `num_tokens` (the count of the batch trained on, which
+    a reused batch carries to every step it trains), up to the next log."""
+    logs = [(int(e["step"]), e["num_tokens"]) for e in log_history
+            if "loss" in e and "num_tokens" in e and "step" in e]
+    longest, start = 1, 0
+    for i in range(1, len(logs) + 1):
+        if i == len(logs) or logs[i][1] != logs[start][1]:
+            if i - start > 1:
+                gap = logs[start + 1][0] - logs[start][0]
+                longest = max(longest, logs[i - 1][0] - logs[start][0] + gap)
+            start = i
+    return longest
+
+
+def _sawtooth_note(reuse: int) -> str:
+    return (f"Each generation batch is trained on for up to {reuse} optimizer steps (batch reuse): on its first step "
+            "the policy is the sampler (w = 1, divergence and clip fractions 0), then they grow while it is reused "
+            "and drop back when the next batch is generated. That sawtooth is the reuse, not instability; the reward "
+            "is the batch's, flat across its steps.")
+
+
+def empty_note(log_history: Sequence[dict], global_step: int | None, logging_steps: int | None) -> str:
+    """What an empty reward panel says: nothing logged yet (the first log's step), or, for a run that ended, that it
+    ended before its first log and what to change."""
+    ended = any("train_runtime" in entry for entry in log_history)
+    if ended and global_step is not None and logging_steps:
+        return (f"nothing logged: the run ended at step {global_step},\nbefore its first log "
+                f"(logging_steps={logging_steps});\nset logging_steps <= {max(global_step, 1)} to see its curves")
+    if logging_steps and global_step is not None:
+        return f"nothing logged yet: the first log comes at step {logging_steps}\n(now at step {global_step})"
+    return "nothing logged yet"
+
+
 def draw_run(log_history: Sequence[dict], path: str, title: str = "RPG training",
-             extra: dict[str, Sequence[tuple[int, float]]] | None = None) -> str:
+             extra: dict[str, Sequence[tuple[int, float]]] | None = None, global_step: int | None = None,
+             logging_steps: int | None = None) -> str:
     """Write the picture of `log_history` (a `TrainerState.log_history`) to `path` (PNG) and return `path`. The
-    reward panel is always drawn; the others when their metrics were logged. `extra`: more reward-panel series,
-    `{label: [(step, value), ...]}`. Raises `MissingMatplotlib` without matplotlib."""
+    reward panel is always drawn; the others when their metrics were logged; with batch reuse a note under the panels
+    explains the sawtooth it draws. `extra`: more reward-panel series, `{label: [(step, value), ...]}`.
+    `global_step`, `logging_steps` (the trainer state's): what an empty panel says (`empty_note`). Raises
+    `MissingMatplotlib` without matplotlib."""
     logged = {key for entry in log_history for key in entry}
     panels = [(name, drawer) for name, keys, drawer in _PANELS if logged.intersection(keys)]
     figure, axes = _figure(1 + len(panels))
@@ -273,9 +344,13 @@ def draw_run(log_history: Sequence[dict], path: str, title: str = "RPG training"
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
         else:
-            ax.text(0.5, 0.5, "nothing logged yet", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, empty_note(log_history, global_step, logging_steps), ha="center", va="center",
+                    transform=ax.transAxes)
     figure.suptitle(title)
-    figure.tight_layout()
+    reuse = batch_reuse(log_history) if panels else 1
+    if reuse > 1:
+        figure.text(0.5, 0.01, _sawtooth_note(reuse), ha="center", va="bottom", fontsize=8, wrap=True)
+    figure.tight_layout(rect=(0, 0.06 if reuse > 1 else 0, 1, 1))
     _save_replacing(figure, path)
     return path
 
@@ -303,7 +378,9 @@ def plot_run(path: str, output: str | None = None, read=_read_text) -> tuple[str
     """Draw the run at `path` (an `output_dir`, a checkpoint folder or a `trainer_state.json`; `read_run`); returns
     `(picture, trainer_state.json read, its global step)`. `output` defaults to `default_output`."""
     state_path, state = read_run(path, read)
-    output = output or default_output(state_path)
+    output = output or default_output(state_path, path)
     folder = os.path.dirname(os.path.abspath(state_path))
     step = state.get("global_step", 0)
-    return draw_run(state["log_history"], output, title=f"{os.path.basename(folder)} (step {step})"), state_path, step
+    return (draw_run(state["log_history"], output, title=f"{os.path.basename(folder)} (step {step})",
+                     global_step=state.get("global_step"), logging_steps=state.get("logging_steps")), state_path,
+            step)

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from torch import nn
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, sampler_logps, upgrade_guard
+from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, precision, sampler_logps, upgrade_guard
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
@@ -78,6 +78,10 @@ class RPGTrainer(GRPOTrainer):
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        clash = precision.clash_warning(args.bf16, args.fp16, self.accelerator.mixed_precision,
+                                        os.environ.get(precision.MIXED_PRECISION_ENV))
+        if clash and self.is_world_process_zero():  # `trl-rpg train` refuses it; a script is told
+            logger.warning(clash)
         if self.environment_factories is None:
             validate_tokenized_prompts(self.train_dataset, self.processing_class, tools=self.tools,
                                        chat_template=self.chat_template,
@@ -298,7 +302,10 @@ class RPGTrainer(GRPOTrainer):
             elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
                 checkpoint.warn_if_other_runs(self.args.output_dir)
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
-                logger.warning(describe_objective(self.args, self.sampler_logps))
+                logger.warning(describe_objective(self.args, self.sampler_logps, precision.precision_clause(
+                    self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
+                    [p.dtype for p in self.model.parameters() if p.requires_grad],
+                    os.environ.get(precision.MIXED_PRECISION_ENV))))
             self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
             self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -423,6 +430,14 @@ class RPGTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Model card
     # ------------------------------------------------------------------------------------------------------------
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        # Override: the final model in output_dir gets RPG's card, as each checkpoint does (without this, a run with
+        # save_strategy="no" keeps PEFT's blank card with LoRA, no card with full fine-tuning).
+        super().save_model(output_dir, _internal_call)
+        if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
+                self.args.output_dir):
+            self.create_model_card(model_name=os.path.basename(os.path.abspath(self.args.output_dir)))
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         # Override: RPG's card from RPG's own template (what TRL's carries, right for local models, local data and

@@ -89,6 +89,9 @@ REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
                    "wrapped: RPG writes its files and the manifest after it, and rotates checkpoints itself"),
     ReviewedMethod("GRPOTrainer", "_load_optimizer_and_scheduler", "108fd4e5bf0dd4c8",
                    "wrapped: RPG restores its state after it on resume"),
+    ReviewedMethod("GRPOTrainer", "save_model", "891842af4f28b7de",
+                   "wrapped: RPG writes its model card after a final save into output_dir (PEFT's save writes a "
+                   "blank one), relying on `_internal_call` marking transformers' own calls"),
     ReviewedMethod("GRPOTrainer", "create_model_card", "0d1f888d680eddcf",
                    "replaced by RPG's card, which keeps what TRL's card carries (tags, tracker links, versions)"),
     ReviewedMethod("GRPOTrainer", "_get_grad_norm", "879dcba334e7231c",

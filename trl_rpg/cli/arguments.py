@@ -109,6 +109,11 @@ _RPG_HELP = {
     "--delta": "Refused by RPG (GRPO's two-sided clipping): RPG bounds large ratios with --rpg_dual_clip_c.",
     "--resume_from_checkpoint": "A checkpoint folder to resume from, or True (also 'last'/'latest') for the newest "
                                 "complete checkpoint of --output_dir.",
+    # unset (None) until RPGConfig resolves them: the help says what None means, next to argparse's "(default: None)"
+    "--epsilon": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region is [1 - epsilon, 1 + "
+                 "epsilon_high]. Unset (None): 0.2, the paper's (and GRPO's).",
+    "--epsilon_high": "Upper clip width eps_high (> 0). Unset (None): 0.28, the paper's clip-higher, when --epsilon "
+                      "is unset too; else equal to --epsilon (symmetric, as in GRPOConfig).",
 }
 
 

@@ -4,6 +4,7 @@ checked and loaded before the model, then `RPGTrainer` trained, saved and carded
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import traceback
@@ -134,8 +135,9 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
     try:
         train(*parsed, setup=setup)
     except KeyboardInterrupt:
-        sys.stdout.flush()
-        print(f"{prog}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # every process gets Ctrl-C: the line once, from the first
+            sys.stdout.flush()
+            print(f"{prog}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
     except Exception as error:
         return report_training_error(prog, error)
@@ -144,9 +146,13 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
 
 def report_training_error(prog: str, error: BaseException) -> int:
     """An error raised while training: its traceback, then `prog: error: Type: message` (on one line, on every
-    process that raised it) as the last thing printed; returns exit status 1."""
+    process that raised it) as the last thing printed; returns exit status 1. A designed stop (`NoLearningSignal`,
+    the verdict on a run that trained on nothing) prints its line only: no traceback points at a bug."""
+    from ..learning_signal import NoLearningSignal
+
     sys.stdout.flush()
-    traceback.print_exception(error)
+    if not isinstance(error, NoLearningSignal):
+        traceback.print_exception(error)
     line = f"{prog}: error: {type(error).__name__}: {' '.join(str(error).split())}"
     print(line, file=sys.stderr, flush=True)
     record_error_for_launcher(line)
