@@ -835,7 +835,7 @@ MUTATIONS = [
              "                pass",
              "tests/test_async_trainer.py -k metrics"),
     Mutation("async: the upgrade guard not run", "trl_rpg/async_trainer.py",
-             "        upgrade_guard.check_async()  # first",
+             "        async_upgrade_guard.check_async()  # first",
              "        pass  # first",
              "tests/test_async_trainer.py -k upgrade_guard"),
     Mutation("async: a reference other than the sampler accepted", "trl_rpg/async_config.py",

@@ -306,6 +306,14 @@ def test_a_non_finite_gradient_skips_the_step(run):
     assert any("optimizer step skipped" in line and "AsyncRPGTrainer" in line for line in run["logs"])
 
 
+def test_parameters_the_optimizer_makes_non_finite_stop_the_run(run):
+    """The sync trainer's guard (`parameter_guard.ParameterGuard`, tested there with a real NaN step) is on."""
+    from trl_rpg.parameter_guard import ParameterGuard
+
+    guards = [c for c in run["trainer"].callback_handler.callbacks if isinstance(c, ParameterGuard)]
+    assert len(guards) == 1 and guards[0].trainer == "AsyncRPGTrainer"
+
+
 def test_rpg_metrics_beside_trls_and_the_start_up_line(run):
     logs = [h for h in run["trainer"].state.log_history if "loss" in h]
     for h in logs:
@@ -384,6 +392,7 @@ BASE = dict(output_dir="/tmp/trl-rpg-async-config-test", use_cpu=True, report_to
     (dict(epsilon=0.0), "epsilon", "no gradient"),
     (dict(rpg_dual_clip_c=1.0), "rpg_dual_clip_c", "> 1"),
     (dict(rpg_reference="initial"), "rpg_reference", "second forward pass"),
+    (dict(learning_rate=math.inf), "learning_rate", "finite number >= 0"),  # as RPGConfig (parameter_guard)
 ])
 def test_bad_rpg_values_name_the_field(overrides, field, allowed):
     with pytest.raises(ValueError) as error:
@@ -417,18 +426,18 @@ def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
     trainer before any model is loaded, naming it."""
     import dataclasses
 
-    from trl_rpg import upgrade_guard
+    from trl_rpg import async_upgrade_guard, upgrade_guard
 
-    assert upgrade_guard.check_async() == []
+    assert async_upgrade_guard.check_async() == []
 
     @dataclasses.dataclass
     class NewerConfig(AsyncGRPOConfig):
         new_loss_option: bool = False
 
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match="new_loss_option"):
-        upgrade_guard.check_async(config_class=NewerConfig)
-    changed = dataclasses.replace(upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
-    monkeypatch.setattr(upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
+        async_upgrade_guard.check_async(config_class=NewerConfig)
+    changed = dataclasses.replace(async_upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
+    monkeypatch.setattr(async_upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"AsyncRPGTrainer was reviewed.*"
                                                               r"AsyncGRPOTrainer\.compute_loss"):
         AsyncRPGTrainer("not-a-model-path-because-the-guard-runs-first", args=AsyncRPGConfig(**BASE))

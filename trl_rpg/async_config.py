@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from . import upgrade_guard
+from . import grpo_fields
 from .objective_config import (
     beta_field,
     check_objective,
@@ -23,6 +23,7 @@ from .objective_config import (
     refuse,
     resolve_clip_widths,
 )
+from .parameter_guard import check_optimizer_settings
 
 #: Why the asynchronous trainer's reference is the sampler only (the config's help and the error say it).
 REFERENCE_REASON = (
@@ -40,10 +41,16 @@ def _same(reason: str, *names: str) -> dict[str, str]:
 
 
 #: Every `AsyncGRPOConfig` field (TRL 1.16) and what it means under `AsyncRPGTrainer`: the upgrade guard refuses to
-#: build the trainer on a TRL whose config has a field not listed here (`upgrade_guard.check_async`).
+#: build the trainer on a TRL whose config has a field not listed here (`async_upgrade_guard.check_async`).
 ASYNC_FIELDS: dict[str, str] = {
     **_same("transformers' TrainingArguments field, read as transformers and TRL read it",
-            *upgrade_guard._TRAINING_ARGUMENTS),
+            *grpo_fields._TRAINING_ARGUMENTS),
+    **_same("transformers' TrainingArguments field, checked as RPGConfig checks it (a setting that writes NaN or inf "
+            "into the parameters, or trains no step, is refused)", "learning_rate", "weight_decay", "adam_beta1",
+            "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps"),
+    **_same("transformers' TrainingArguments field, read as transformers and TRL read it (RPGTrainer's bounded "
+            "reward wait and read Hub uploads are not in AsyncRPGTrainer: docs/asynchronous.md)", "ddp_timeout",
+            "push_to_hub", "hub_strategy"),
     **_same("as in AsyncGRPO", "model_init_kwargs", "dtype", "trust_remote_code", "router_aux_loss_coef",
             "num_generations", "max_completion_length", "temperature", "repetition_penalty", "chat_template_kwargs",
             "max_tool_calling_iterations", "fork_threshold_tokens", "vllm_server_base_url", "vllm_server_timeout",
@@ -103,6 +110,7 @@ class AsyncRPGConfig(AsyncGRPOConfig):
     def __post_init__(self):
         self.epsilon, self.epsilon_high = resolve_clip_widths(self.epsilon, self.epsilon_high)
         check_objective(self, "AsyncRPGConfig")
+        check_optimizer_settings(self)  # settings that write NaN or inf into the parameters (parameter_guard)
         if self.rpg_reference != "sampling":
             refuse("AsyncRPGConfig", "rpg_reference", self.rpg_reference, f"only 'sampling' is offered here: "
                                                                           f"{REFERENCE_REASON}")

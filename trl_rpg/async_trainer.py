@@ -23,11 +23,12 @@ from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, gradient_guard, learning_signal, model_card, upgrade_guard
+from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
 from .objectives import rpg_per_token_loss
+from .parameter_guard import ParameterGuard
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,12 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):
-        upgrade_guard.check_async()  # first: a TRL whose code RPG relies on changed must not train silently wrong
+        async_upgrade_guard.check_async()  # first: TRL code RPG relies on changed must not train silently wrong
         args = as_async_rpg_config(args, model)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
+        # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
+        self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
+                                         trainer="AsyncRPGTrainer"))
         self.skipped_steps = 0
         self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
 

@@ -39,7 +39,7 @@ def check_optimizer_settings(args) -> None:
     a negative one would silently turn off both clipping and the gradient guard, which reads the norm clipping
     computes)."""
     def bad(name, allowed):
-        raise ValueError(f"RPGConfig: `{name}`={getattr(args, name)!r} is not allowed; {allowed}.")
+        raise ValueError(f"{type(args).__name__}: `{name}`={getattr(args, name)!r} is not allowed; {allowed}.")
 
     for name in ("learning_rate", "weight_decay"):
         value = getattr(args, name)
@@ -91,8 +91,8 @@ class ParameterGuard(TrainerCallback):
     no checkpoint or final model with such parameters is written, and rotation deletes no earlier checkpoint for
     it."""
 
-    def __init__(self, reduce):
-        self.reduce = reduce
+    def __init__(self, reduce, trainer: str = "RPGTrainer"):
+        self.reduce, self.trainer = reduce, trainer
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         name = first_non_finite(local_parameters(model))
@@ -100,7 +100,7 @@ class ParameterGuard(TrainerCallback):
             return control
         where = f"`{name}` is" if name is not None else "a parameter held by another process is"
         raise NonFiniteParameters(
-            f"RPGTrainer: after optimizer step {state.global_step} {where} not finite (NaN or inf): the optimizer "
+            f"{self.trainer}: after optimizer step {state.global_step} {where} not finite (NaN or inf): the optimizer "
             "wrote it from a finite gradient (a non-finite gradient is skipped before the step). Training stopped "
             f"before saving anything from this step (learning_rate={args.learning_rate}, weight_decay="
             f"{args.weight_decay}, adam_epsilon={args.adam_epsilon}, optim={getattr(args.optim, 'value', args.optim)}"
