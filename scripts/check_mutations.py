@@ -1463,6 +1463,12 @@ MUTATIONS = [
              '#     "trl-rpg[math,plot]",',
              '#     "trl-rpg",',
              "tests/test_examples.py -k inline_script"),
+    # --- integration (lead) ---
+    Mutation("upgrade guard: a TRL without a reviewed method sent to the self-check instead of refused",
+             "trl_rpg/upgrade_guard.py",
+             "    verdict = None if replaced or gone else upgrade_verdict.verdict(",
+             "    verdict = None if replaced else upgrade_verdict.verdict(",
+             "tests/test_upgrade_guard_blind_spots.py -k removed"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

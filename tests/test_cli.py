@@ -318,9 +318,9 @@ def test_launcher_exits_with_the_training_process_status(tiny_setup):
     root, model, data = tiny_setup
     # a module of the working directory
     args = _args_with_local_reward(model, data, root / "failing", root, "exiting_reward", (
-        "import sys\n\n\ndef exiting_reward(completions, **kwargs):\n"
+        "import os, sys\n\n\ndef exiting_reward(completions, **kwargs):\n"
         "    print('exiting_reward: the reward server is down', file=sys.stderr, flush=True)\n"
-        "    sys.exit(3)\n"))
+        "    os._exit(3)\n"))  # a process that dies with status 3 (a reward's sys.exit is a reward error: status 1)
     (root / "failing" / "checkpoint-7").mkdir(parents=True)  # an earlier run's checkpoint
     proc = _run(_console_script() + ["train", *args], cwd=root)
     assert proc.returncode == 3, proc.stderr[-3000:]
@@ -349,9 +349,9 @@ def test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned(tiny_s
         "    rank = os.environ.get('RANK', '0')\n"
         "    pathlib.Path(f'rank{rank}.seen').write_text(os.environ.get('WORLD_SIZE', '1'))\n"
         "    if rank == '1':\n"
-        "        sys.exit(3)\n"
+        "        os._exit(3)\n"
         "    time.sleep(30)\n"
-        "    sys.exit(4)\n"))
+        "    os._exit(4)\n"))
     args[args.index("--per_device_train_batch_size") + 1] = "4"
     proc = _run(_console_script() + ["train", *args, "--num_processes", "2", "--main_process_port", str(_free_port())],
                 cwd=tmp_path, HF_HOME=str(tmp_path / "hf"))  # no accelerate default config of this machine

@@ -1,11 +1,9 @@
 """The upgrade guard's blind spots (issue 33 section 1): a change inside a string that holds `  #` is a change of
 code, and a reviewed method that a TRL release removed is reported, not skipped."""
 
-from types import SimpleNamespace
 
 import pytest
-from transformers import Trainer
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from trl_rpg import upgrade_guard
 
@@ -38,8 +36,11 @@ def test_a_reviewed_method_that_trl_removed_is_reported(monkeypatch):
     unseen): named as gone, and building a trainer is refused."""
     methods = {m.name: getattr(GRPOTrainer, m.name) for m in upgrade_guard.REVIEWED_METHODS
                if m.owner == "GRPOTrainer" and m.name != "_compute_loss"}
-    owners = {"GRPOTrainer": SimpleNamespace(**methods), "Trainer": Trainer, "GRPOConfig": GRPOConfig}
+    release = type("GRPOTrainer", (), {**methods, "__module__": GRPOTrainer.__module__})  # TRL's class without it
+    owners = {**upgrade_guard._owners(), "GRPOTrainer": release}
     assert upgrade_guard.changed_methods(owners) == ["GRPOTrainer._compute_loss (no longer exists)"]
     monkeypatch.delenv(upgrade_guard.ALLOW_ENV, raising=False)
+    monkeypatch.setattr(upgrade_guard, "_owners", lambda: owners)
+    monkeypatch.setattr("trl_rpg.upgrade_verdict.verdict", lambda *a, **k: pytest.fail("no self-check for it"))
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"GRPOTrainer\._compute_loss \(no longer exists\)"):
-        upgrade_guard.check(owners)
+        upgrade_guard.check()

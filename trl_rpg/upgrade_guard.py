@@ -204,6 +204,11 @@ def _owners() -> dict:
     return {name: _resolve(path) for name, path in OWNERS.items()}
 
 
+#: How `changed_methods` marks a reviewed method the installed TRL no longer has (refused without a self-check: RPG's
+#: override of it would never be called, or the code it relies on is gone).
+GONE = " (no longer exists)"
+
+
 def changed_methods(owners: dict | None = None, methods: tuple[ReviewedMethod, ...] = REVIEWED_METHODS) -> list[str]:
     """The reviewed methods whose code differs from the reviewed code (or that are gone), as `"GRPOTrainer.name"`."""
     owners = owners or _owners()
@@ -211,7 +216,7 @@ def changed_methods(owners: dict | None = None, methods: tuple[ReviewedMethod, .
     for method in methods:
         func = getattr(owners.get(method.owner), method.name, None)
         if func is None:
-            changed.append(f"{method.qualname} (no longer exists)")
+            changed.append(f"{method.qualname}{GONE}")
         elif source_digest(func) != method.digest:
             changed.append(method.qualname)
     return changed
@@ -381,7 +386,8 @@ def check(args=None, review: str = "RPGTrainer") -> list[str]:
         return methods + fields
     versions = {name: version(name) for name in spec.versions}
     replaced = replaced_here(review, owners)
-    verdict = None if replaced else upgrade_verdict.verdict(review, method_digests(review, owners), fields)
+    gone = [name for name in methods if name.endswith(GONE)]  # an override TRL no longer calls: no check can pass
+    verdict = None if replaced or gone else upgrade_verdict.verdict(review, method_digests(review, owners), fields)
     if verdict is not None and verdict.passed:
         _warn_once(describe_passed(methods, fields, versions, verdict, spec.versions))
         values = new_field_values(args, fields, owners.get(spec.config))
