@@ -234,7 +234,7 @@ MUTATIONS = [
              "            f, name, timeout=args.rpg_reward_timeout) for f, name in",
              "            f, name, timeout=None) for f, name in",
              "tests/test_reward_timeout.py"),
-    Mutation("a fraction's sign dropped", "trl_rpg/rewards/grading.py",
+    Mutation("a fraction's sign dropped", "trl_rpg/rewards/normalization.py",
              '            return -value if m.group(1) == "-" else value',
              "            return value",
              "tests/test_grading.py -k negative_fraction"),
