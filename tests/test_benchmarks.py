@@ -239,6 +239,25 @@ def test_offpolicy_resume_refuses_another_toy_task_version(tmp_path):
         offpolicy.run(s, log=lambda *a: None, previous={"settings": {"toy_fingerprint": "0123456789"}, "runs": []})
 
 
+def test_the_frozen_toy_is_every_task_module_and_its_hash_covers_them_all(tmp_path):
+    """The benchmarks run a frozen copy of the toy task: task.py and every toy module it imports (the split package),
+    imported from the copy, and the hash that keys the cached SFT starts changes with any of them."""
+    import inspect
+    import types
+
+    s = types.SimpleNamespace(toy_path=None, cache_dir=str(tmp_path / "cache"))
+    _common.freeze_toy(s)
+    toy = _common.toy_module(s)
+    assert sorted(os.listdir(s.toy_path)) == ["__init__.py", *_common.toy_task_files(s.toy_path)]
+    assert {"problems.py", "warmup.py", "build.py"} <= set(os.listdir(s.toy_path))
+    for name in ("toy_reward", "sft_warmup", "build_toy_model"):
+        assert os.path.dirname(inspect.getfile(getattr(toy, name))) == s.toy_path
+    before = _common.toy_fingerprint(s.toy_path)
+    with open(os.path.join(s.toy_path, "problems.py"), "a") as f:
+        f.write("\n# changed\n")
+    assert _common.toy_fingerprint(s.toy_path) != before
+
+
 def test_offpolicy_regimes_and_their_validation():
     names = [g["name"] for g in offpolicy.regimes(offpolicy.FULL)]
     assert names == ["reuse 1", "reuse 4", "reuse 16", "reuse 16, lr 0.001"]
