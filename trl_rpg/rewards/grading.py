@@ -74,7 +74,6 @@ def completion_to_text(completion: Any) -> str:
     return "".join(parts)
 
 
-
 #: The dataset columns that hold a row's reference answer, in the order they are read: a ``ground_truth`` string (or
 #: list of acceptable answers), a verl/DAPO ``reward_model`` dict with a ``"ground_truth"`` key, a plain ``answer``.
 ANSWER_COLUMNS = ("ground_truth", "reward_model", "answer")
