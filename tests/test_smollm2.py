@@ -127,6 +127,9 @@ def test_a_folder_that_is_not_a_prepared_model_is_not_used(tmp_path):
     (folder / "config.json").write_text("{}")
     with pytest.raises(prep.SmolLM2Unavailable, match="exists but is not a prepared model"):
         prep.prepare_smollm2(tmp_path, log=None)
+    (folder / prep.MARKER_FILE).write_text(json.dumps({**prep._MARKER, "sha256": "0" * 64}))  # another file's
+    with pytest.raises(prep.SmolLM2Unavailable, match="exists but is not a prepared model"):
+        prep.prepare_smollm2(tmp_path, log=None)
 
 
 def test_the_core_package_does_not_depend_on_gguf_or_the_model_package():
