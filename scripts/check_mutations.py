@@ -812,6 +812,14 @@ MUTATIONS = [
              "        ended = tokens is None or (len(tokens) > 0 and tokens[-1] == eos)",
              "        ended = True",
              "tests/test_smollm2.py -k last_number_of_a_reply"),
+    Mutation("smol: the real-model benchmark's paired difference reversed", "benchmarks/smollm2.py",
+             "kind: ci95([_final(a, kind) - _final(b, kind) for a, b in pairs])",
+             "kind: ci95([_final(b, kind) - _final(a, kind) for a, b in pairs])",
+             "tests/test_benchmarks.py -k smollm2_summary"),
+    Mutation("smol: the toy demo's options accepted with --model smollm2", "trl_rpg/cli/demo.py",
+             "    if given:\n        parser.error(",
+             "    if False:\n        parser.error(",
+             "tests/test_smollm2.py -k demo_command"),
 ]
 
 

@@ -378,3 +378,30 @@ def test_quick_runs_write_outside_the_committed_results(module, monkeypatch):
     assert not paths[True].startswith(results + os.sep) and paths[True].startswith(_common.QUICK_RESULTS_DIR)
     ignored = subprocess.run(["git", "check-ignore", "-q", paths[True]], cwd=os.path.dirname(results))
     assert ignored.returncode == 0, f"{paths[True]} is not ignored by git"
+
+
+def test_smollm2_summary_pairs_runs_by_seed():
+    """benchmarks/smollm2.py's summary: final accuracies per method, gains over the shared start, and paired
+    differences (same seed) to GRPO with their t-interval."""
+    from benchmarks import smollm2
+
+    def acc(sampled, greedy):
+        return {"sampled": sampled, "greedy": greedy}
+
+    def run(method, seed, start, last):
+        return {"method": method, "seed": seed, "accuracy": [(0, acc(start, 0.8)), (24, acc(last, 0.9))],
+                "rewards": [start, last], "total_s": 10.0}
+
+    runs = [run("RPG", 0, 0.1, 0.7), run("GRPO", 0, 0.1, 0.5), run("RPG", 1, 0.2, 0.8), run("GRPO", 1, 0.2, 0.7),
+            run("RPG", 2, 0.1, 0.9), run("GRPO", 2, 0.1, 0.6)]
+    summary = smollm2.summarize(runs)
+    rpg = summary["methods"]["RPG"]
+    assert rpg["sampled_mean"] == pytest.approx(0.8) and rpg["sampled_gain"] == pytest.approx(0.8 - 0.4 / 3)
+    assert rpg["greedy_mean"] == pytest.approx(0.9) and rpg["reward_last"] == pytest.approx(0.8)
+    paired = summary["paired"]["RPG - GRPO"]["sampled"]
+    diffs = [0.2, 0.1, 0.3]  # per seed
+    sd = statistics.stdev(diffs)
+    assert paired["mean"] == pytest.approx(0.2) and paired["n"] == 3
+    assert paired["half_width"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    assert "RPG - GRPO" in smollm2.markdown({"summary": summary, "settings": {
+        "max_steps": 24, "generation_batches": 6, "reuse": 4, "seeds": [0, 1, 2], "eval_samples": 4}})
