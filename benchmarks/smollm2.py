@@ -111,6 +111,7 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
     """Train ``method`` from the untrained model; return held-out accuracy and the reward of each generation batch."""
     init_worker()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
     from trl_rpg import RPGTrainer
@@ -131,6 +132,7 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
         model=AutoModelForCausalLM.from_pretrained(path), processing_class=tokenizer,
         reward_funcs=task.arithmetic_reward, args=config, train_dataset=task.make_dataset(TRAIN_PROMPTS, seed=seed),
         peft_config=smollm2_lora(), callbacks=[Evaluate()])
+    trainer.remove_callback(PrinterCallback)  # the logs go to the results file
     trainer.train()
     logs = trainer.state.log_history
     # the reward of each generation batch: logged at the step that generated it (RPG logs it again on reuse steps)
