@@ -820,6 +820,10 @@ MUTATIONS = [
              "    if given:\n        parser.error(",
              "    if False:\n        parser.error(",
              "tests/test_smollm2.py -k demo_command"),
+    Mutation("smol: trl-rpg prepare does not print the folder", "trl_rpg/cli/prepare.py",
+             "    print(path)\n",
+             "    pass\n",
+             "tests/test_smollm2.py -k prepare_prints"),
 ]
 
 

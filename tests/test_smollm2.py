@@ -132,6 +132,22 @@ def test_a_folder_that_is_not_a_prepared_model_is_not_used(tmp_path):
         prep.prepare_smollm2(tmp_path, log=None)
 
 
+def test_trl_rpg_prepare_prints_the_folder_last_and_errors_last(tmp_path, monkeypatch, capsys):
+    from trl_rpg import cli
+
+    source = fake_gguf(tmp_path, monkeypatch)
+    monkeypatch.setattr(prep, "_convert", lambda gguf_path, out: out.mkdir())
+    assert cli.main(["prepare", "smollm2", "--cache_dir", str(tmp_path / "c"), "--source", str(source)]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip().splitlines()[-1] == str(prep.smollm2_path(tmp_path / "c"))
+    assert "reading" not in out.out and f"prepared: {prep.smollm2_path(tmp_path / 'c')}" in out.err  # progress: stderr
+    assert cli.main(["prepare", "smollm2", "--cache_dir", str(tmp_path / "d"), "--source", str(tmp_path / "no")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("trl-rpg prepare: error: source ")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["prepare", "llama"])
+    assert stop.value.code == 2
+
+
 def test_the_core_package_does_not_depend_on_gguf_or_the_model_package():
     """`gguf` and the model package are optional: not in the core dependencies, imported only inside
     trl_rpg/smollm2/ and, from anywhere else, only inside a function (the `trl-rpg prepare` and demo commands)."""
