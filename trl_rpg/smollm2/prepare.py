@@ -109,7 +109,7 @@ def prepare_smollm2(cache_dir: str | os.PathLike | None = None, *, source: str |
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{_FOLDER}-partial-"))
     try:
         gguf_path = _gguf_file(root, source, staging, say)
-        say(f"dequantising {SMOLLM2_GGUF} to float32 and saving it as safetensors (a minute or two on 2 cores)")
+        say(f"dequantising {SMOLLM2_GGUF} to float32 and saving it as safetensors (20-60 s on 2 cores)")
         _convert(gguf_path, staging / "model")
         (staging / "model" / MARKER_FILE).write_text(json.dumps(_MARKER, indent=2))
         try:
@@ -324,11 +324,14 @@ def _convert(gguf_path: Path, out: Path) -> None:
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=config.pad_token_id)
     model.eval()
-    model.save_pretrained(out)
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     try:
+        model.save_pretrained(out)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out)
