@@ -203,50 +203,91 @@ def init_worker() -> None:
 _TOY_MODULES: dict = {}
 
 
+def toy_task_files(folder: str) -> list[str]:
+    """The files of the toy task in ``folder``: ``task.py`` and the toy modules it imports, following relative
+    imports (``from .problems import ...``) transitively."""
+    import ast
+
+    todo, seen = ["task"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        with open(os.path.join(folder, f"{name}.py")) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                if node.level != 1 or not node.module:
+                    raise RuntimeError(f"trl_rpg/toy/{name}.py line {node.lineno}: the toy task's modules import one "
+                                       "another as 'from .module import name' (the rest of the package absolutely), "
+                                       "or their frozen copy cannot be imported")
+                todo.append(node.module)
+    return sorted(f"{name}.py" for name in seen)
+
+
+def _live_toy_folder() -> str:
+    from trl_rpg.toy import task as toy
+
+    return os.path.dirname(toy.__file__)
+
+
 def toy_fingerprint(path: str | None = None) -> str:
-    """Short hash of the toy task code: a cached checkpoint is reused only with the code it was built for."""
+    """Short hash of the toy task code (the files of :func:`toy_task_files` in ``path``, the package's when None): a
+    cached checkpoint is reused only with the code it was built for."""
     import hashlib
 
-    if path is None:
-        from trl_rpg.toy import task as toy
-
-        path = toy.__file__
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:10]
+    folder = _live_toy_folder() if path is None else path
+    digest = hashlib.sha256()
+    for name in toy_task_files(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read() + b"\0")
+    return digest.hexdigest()[:10]
 
 
 def freeze_toy(s) -> None:
-    """Copy ``trl_rpg/toy/task.py`` into the cache (named by its hash) so that every run of one benchmark uses the same
-    task, data and reward code even if the package file changes while the benchmark runs."""
+    """Copy the toy task's modules (``trl_rpg/toy/task.py`` and what it imports) into the cache (a folder named by
+    their hash) so that every run of one benchmark uses the same task, data and reward code even if the package files
+    change while the benchmark runs."""
     if s.toy_path is not None:
         return
     import shutil
+    import tempfile
 
-    from trl_rpg.toy import task as toy
-
-    fp = toy_fingerprint(toy.__file__)
-    dest = os.path.join(s.cache_dir, fp, "toy_frozen.py")
-    if not os.path.exists(dest):
+    folder = _live_toy_folder()
+    dest = os.path.join(s.cache_dir, toy_fingerprint(folder), "toy_frozen")
+    if not os.path.isdir(dest):
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.copyfile(toy.__file__, dest + ".tmp")
-        os.replace(dest + ".tmp", dest)
+        staging = tempfile.mkdtemp(dir=os.path.dirname(dest), prefix=".toy_frozen-")
+        for name in toy_task_files(folder):
+            shutil.copyfile(os.path.join(folder, name), os.path.join(staging, name))
+        open(os.path.join(staging, "__init__.py"), "w").close()
+        try:
+            os.rename(staging, dest)
+        except OSError:  # another process froze the same code first
+            shutil.rmtree(staging, ignore_errors=True)
     s.toy_path = dest
 
 
 def toy_module(s):
-    """The frozen toy module of this benchmark (``trl_rpg.toy.task`` itself when none was frozen)."""
+    """The frozen toy task of this benchmark (``trl_rpg.toy.task`` itself when none was frozen): its folder imported
+    as a package of its own, named by its hash."""
     if s.toy_path is None:
         from trl_rpg.toy import task as toy
 
         return toy
     if s.toy_path not in _TOY_MODULES:
+        import importlib
         import importlib.util
 
-        spec = importlib.util.spec_from_file_location(f"_trl_rpg_toy_{toy_fingerprint(s.toy_path)}", s.toy_path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        _TOY_MODULES[s.toy_path] = module
+        package = f"_trl_rpg_toy_{toy_fingerprint(s.toy_path)}"
+        if package not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                package, os.path.join(s.toy_path, "__init__.py"), submodule_search_locations=[s.toy_path])
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[package] = module
+            spec.loader.exec_module(module)
+        _TOY_MODULES[s.toy_path] = importlib.import_module(f"{package}.task")
     return _TOY_MODULES[s.toy_path]
 
 

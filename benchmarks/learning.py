@@ -95,7 +95,7 @@ class Settings:
     target_accuracy: float | None = None
     sft_steps: int | None = None  # None: trl_rpg.toy.task defaults
     workers: int = 2
-    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy/task.py that every worker imports
+    toy_path: str | None = None  # set by run(): a frozen copy of the toy task (trl_rpg/toy) every worker imports
     cache_dir: str = os.path.join(CACHE_DIR, "toy")
     output_dir: str = os.path.join(CACHE_DIR, "runs")
 

@@ -114,7 +114,7 @@ class Settings:
     collapse_drop: float = 0.10  # collapse: held-out accuracy more than this below its best, staying there
     sft_steps: int | None = None  # None: trl_rpg.toy.task defaults (the learning benchmark's checkpoints are reused)
     workers: int = 2
-    toy_path: str | None = None  # set by run(): a frozen copy of trl_rpg/toy/task.py that every worker imports
+    toy_path: str | None = None  # set by run(): a frozen copy of the toy task (trl_rpg/toy) every worker imports
     cache_dir: str = os.path.join(CACHE_DIR, "toy")
     output_dir: str = os.path.join(CACHE_DIR, "runs-offpolicy")
 
@@ -379,7 +379,7 @@ def run(s: Settings, log=print, json_path: str | None = None, previous: dict | N
     earlier = (previous or {}).get("settings", {}).get("toy_fingerprint")
     if earlier is not None and earlier != toy_fingerprint(s.toy_path):
         raise ValueError(f"--resume: the results file was made with toy task version {earlier}, but "
-                         "trl_rpg/toy/task.py is "
+                         "the toy task (trl_rpg/toy) is "
                          f"now version {toy_fingerprint(s.toy_path)}; its runs cannot be continued with this task "
                          "(start a new results file)")
     t0 = time.perf_counter()

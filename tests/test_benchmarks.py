@@ -239,6 +239,25 @@ def test_offpolicy_resume_refuses_another_toy_task_version(tmp_path):
         offpolicy.run(s, log=lambda *a: None, previous={"settings": {"toy_fingerprint": "0123456789"}, "runs": []})
 
 
+def test_the_frozen_toy_is_every_task_module_and_its_hash_covers_them_all(tmp_path):
+    """The benchmarks run a frozen copy of the toy task: task.py and every toy module it imports (the split package),
+    imported from the copy, and the hash that keys the cached SFT starts changes with any of them."""
+    import inspect
+    import types
+
+    s = types.SimpleNamespace(toy_path=None, cache_dir=str(tmp_path / "cache"))
+    _common.freeze_toy(s)
+    toy = _common.toy_module(s)
+    assert sorted(os.listdir(s.toy_path)) == ["__init__.py", *_common.toy_task_files(s.toy_path)]
+    assert {"problems.py", "warmup.py", "build.py"} <= set(os.listdir(s.toy_path))
+    for name in ("toy_reward", "sft_warmup", "build_toy_model"):
+        assert os.path.dirname(inspect.getfile(getattr(toy, name))) == s.toy_path
+    before = _common.toy_fingerprint(s.toy_path)
+    with open(os.path.join(s.toy_path, "problems.py"), "a") as f:
+        f.write("\n# changed\n")
+    assert _common.toy_fingerprint(s.toy_path) != before
+
+
 def test_offpolicy_regimes_and_their_validation():
     names = [g["name"] for g in offpolicy.regimes(offpolicy.FULL)]
     assert names == ["reuse 1", "reuse 4", "reuse 16", "reuse 16, lr 0.001"]
@@ -404,3 +423,30 @@ def test_cost_vllm_smoke(tmp_path, keep_threads):
     assert passes["RPG(engine)"]["policy_no_grad"] == 0 and passes["RPG(recompute)"]["policy_no_grad"] == 1
     assert passes["GRPO(beta>0)"]["reference"] == 1 and passes["GRPO(beta=0)"]["reference"] == 0
     assert all(len(t) == 2 and min(t) > 0 for t in run["train_cpu_s"].values())
+
+
+def test_smollm2_summary_pairs_runs_by_seed():
+    """benchmarks/smollm2.py's summary: final accuracies per method, gains over the shared start, and paired
+    differences (same seed) to GRPO with their t-interval."""
+    from benchmarks import smollm2
+
+    def acc(sampled, greedy):
+        return {"sampled": sampled, "greedy": greedy}
+
+    def run(method, seed, start, last):
+        return {"method": method, "seed": seed, "accuracy": [(0, acc(start, 0.8)), (24, acc(last, 0.9))],
+                "rewards": [start, last], "total_s": 10.0}
+
+    runs = [run("RPG", 0, 0.1, 0.7), run("GRPO", 0, 0.1, 0.5), run("RPG", 1, 0.2, 0.8), run("GRPO", 1, 0.2, 0.7),
+            run("RPG", 2, 0.1, 0.9), run("GRPO", 2, 0.1, 0.6)]
+    summary = smollm2.summarize(runs)
+    rpg = summary["methods"]["RPG"]
+    assert rpg["sampled_mean"] == pytest.approx(0.8) and rpg["sampled_gain"] == pytest.approx(0.8 - 0.4 / 3)
+    assert rpg["greedy_mean"] == pytest.approx(0.9) and rpg["reward_last"] == pytest.approx(0.8)
+    paired = summary["paired"]["RPG - GRPO"]["sampled"]
+    diffs = [0.2, 0.1, 0.3]  # per seed
+    sd = statistics.stdev(diffs)
+    assert paired["mean"] == pytest.approx(0.2) and paired["n"] == 3
+    assert paired["half_width"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
+    assert "RPG - GRPO" in smollm2.markdown({"summary": summary, "settings": {
+        "max_steps": 24, "generation_batches": 6, "reuse": 4, "seeds": [0, 1, 2], "eval_samples": 4}})

@@ -12,7 +12,6 @@ from trl_rpg.rewards import (
     completion_to_text,
     extract_answer,
     get_reward_func,
-    grading,
     is_equivalent,
     make_math_reward,
     make_overlong_punishment,
@@ -24,6 +23,7 @@ from trl_rpg.rewards import (
     reward_columns,
     score_answer,
     score_completion,
+    verification,
 )
 
 needs_math_verify = pytest.mark.skipif(
@@ -203,8 +203,8 @@ def test_is_equivalent_false(pred, gold):
 
 def test_is_equivalent_without_math_verify(monkeypatch):
     """If math-verify is missing, normalised strings / exact rationals still work; symbolic cases do not."""
-    monkeypatch.setattr(grading, "_mv_module", None)
-    assert grading._load_math_verify() is None
+    monkeypatch.setattr(verification, "_mv_module", None)
+    assert verification._load_math_verify() is None
     assert is_equivalent("045", "45")
     assert is_equivalent("0.5", "\\frac{1}{2}")
     assert is_equivalent("\\dfrac{1}{2}", "1/2")

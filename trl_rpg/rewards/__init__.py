@@ -1,12 +1,13 @@
 """Rewards for RPG training: grading an answer, the reward functions, and the reward functions selectable by name.
 
-* :mod:`trl_rpg.rewards.grading` -- extract a completion's final answer, normalise it, compare it with a reference
-  (``math-verify`` with a timeout); the one scoring rule of training and evaluation.
+* :mod:`trl_rpg.rewards.grading` -- the one scoring rule of training and evaluation, built from
+  :mod:`~trl_rpg.rewards.extraction` (a completion's final answer), :mod:`~trl_rpg.rewards.normalization` (its
+  canonical form) and :mod:`~trl_rpg.rewards.verification` (the same answer? ``math-verify`` with a timeout).
 * :mod:`trl_rpg.rewards.functions` -- :func:`math_reward` (1 correct / 0 wrong), :func:`paper_math_reward` (the
   paper's +1 / -1), :func:`make_math_reward` (any values) and :func:`make_overlong_punishment`.
 * :mod:`trl_rpg.rewards.registry` -- :data:`REWARD_FUNCS` by name and :func:`check_reward_columns`.
 
-Every public name of the three is importable from here (``from trl_rpg.rewards import math_reward``).
+Every public name of these modules is importable from here (``from trl_rpg.rewards import math_reward``).
 No module of the package imports torch.
 """
 

@@ -104,13 +104,14 @@ class _DemoCallback(TrainerCallback):
 
 
 def plot_curves(rewards: list[tuple[int, float]], accuracy: list[tuple[int, float]], path: str,
-                title: str = "RPG on the toy arithmetic task", log_history: list[dict] | None = None) -> str:
+                title: str = "RPG on the toy arithmetic task", log_history: list[dict] | None = None,
+                accuracy_label: str = "held-out accuracy (greedy)") -> str:
     """Write the demo's PNG: `trl_rpg.plots.draw_run`'s panels of `log_history` (reward, divergence, the range of
     `w`, clip fractions; the reward alone from `rewards` without it) with the held-out accuracy on the reward panel."""
     from ..plots import draw_run
 
     history = log_history if log_history is not None else [{"step": s, "reward": r} for s, r in rewards]
-    return draw_run(history, path, title=title, extra={"held-out accuracy (greedy)": accuracy} if accuracy else None)
+    return draw_run(history, path, title=title, extra={accuracy_label: accuracy} if accuracy else None)
 
 
 def run_demo(

@@ -1,0 +1,265 @@
+"""Real-model learning benchmark: RPG-REINFORCE (UFKL, URKL), GRPO and DAPO on SmolLM2-135M-Instruct (LoRA, CPU).
+
+    python -m benchmarks.smollm2            # 4 methods x 3 seeds x 24 steps (about an hour on 2 quiet cores)
+    python -m benchmarks.smollm2 --quick    # 2 methods x 1 seed x 4 steps (a smoke run, minutes)
+
+The model is the registry's SmolLM2-135M-Instruct (``trl_rpg.smollm2.prepare_smollm2``); the task is
+``trl_rpg.smollm2.task`` (single-digit addition through the model's chat template, reward 1 when the reply ends and
+its last number is the sum); the RL settings are the demo's (``trl_rpg.smollm2.demo``: 16 replies per optimizer step
+at temperature 1, LoRA on the last 8 layers, learning rate 5e-4) with each generation batch reused for ``reuse``
+optimizer steps, as the toy learning benchmark does. The methods are the toy benchmark's
+(``benchmarks.learning.METHODS`` and ``RPG_COMMON``: beta 0.04 for GRPO and the RPG variants, DAPO without KL).
+Every method of a seed starts from the same model and sees the same prompts; held-out accuracy (30 problems never
+trained on: greedy, and the mean of ``eval_samples`` replies sampled at temperature 1) is measured at step 0 (once
+per seed) and every ``eval_every`` steps. Runs are spread over ``--workers`` processes with one torch thread each.
+
+What it can show: whether each method moves a real pretrained model on a verifiable task, how far in a fixed
+budget, and paired differences between methods (same seed: same prompts and sampling seed) with 95% intervals. What
+it cannot: anything about long training, large models or hard reasoning (a 135M model, single-digit sums, 24 steps);
+with 3 seeds, only large differences are detectable. Results: docs/benchmarks.md, "SmolLM2-135M-Instruct".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+from ._common import (
+    CACHE_DIR,
+    WorkerPool,
+    ci95,
+    default_results_path,
+    fmt,
+    init_worker,
+    loadavg,
+    machine_info,
+    markdown_table,
+    mean_std,
+    write_json,
+)
+from .learning import METHODS, RPG_COMMON
+
+DEFAULT_METHODS = ("RPG-REINFORCE-UFKL", "RPG-REINFORCE-URKL", "GRPO", "DAPO")
+
+
+@dataclass
+class Settings:
+    seeds: tuple = (0, 1, 2)
+    methods: tuple = DEFAULT_METHODS
+    generation_batches: int = 6  # budget: optimizer steps = generation_batches * reuse
+    reuse: int = 4  # optimizer steps per generation batch (steps 2..4 of each batch are off-policy)
+    eval_every: int = 12  # optimizer steps between held-out evaluations (step 0 once per seed, and the last step)
+    eval_samples: int = 4  # sampled replies per held-out problem (plus one greedy reply)
+    workers: int = 2
+    model_cache: str | None = None  # None: trl_rpg's cache folder
+    output_dir: str = os.path.join(CACHE_DIR, "smollm2-runs")
+
+    @property
+    def max_steps(self) -> int:
+        return self.generation_batches * self.reuse
+
+
+FULL = Settings()
+QUICK = Settings(seeds=(0,), methods=("RPG-REINFORCE-URKL", "GRPO"), generation_batches=1, eval_every=4,
+                 eval_samples=1)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Worker side
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _evaluate(model, tokenizer, s: Settings, seed: int) -> dict:
+    from trl_rpg.smollm2 import task
+
+    return task.evaluate(model, tokenizer, task.make_dataset(split="test"), samples=s.eval_samples, seed=seed)
+
+
+def evaluate_start(s: Settings, path: str, seed: int) -> dict:
+    """Held-out accuracy of the untrained model with the sampling seed of ``seed`` (shared by its methods)."""
+    init_worker()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return {"seed": seed, "accuracy": _evaluate(AutoModelForCausalLM.from_pretrained(path),
+                                                AutoTokenizer.from_pretrained(path), s, seed)}
+
+
+def run_config(s: Settings, method: str, seed: int, out: str):
+    """``("rpg" | "grpo", config)`` of one run: the demo's settings, the layout, then the method's own."""
+    from trl import GRPOConfig
+
+    from trl_rpg import RPGConfig
+    from trl_rpg.smollm2.demo import smollm2_config_kwargs
+
+    spec = dict(METHODS[method])
+    kind = spec.pop("trainer")
+    kwargs = smollm2_config_kwargs(out, seed=seed, max_steps=s.max_steps, steps_per_generation=s.reuse,
+                                   **({**RPG_COMMON, **spec} if kind == "rpg" else spec))
+    return kind, (RPGConfig if kind == "rpg" else GRPOConfig)(**kwargs)
+
+
+_LOG_KEYS = ("kl", "entropy", "rpg/w_mean", "rpg/w_max", "rpg/clip_frac_high", "rpg/clip_frac_low",
+             "rpg/clip_frac_dual", "clip_ratio/region_mean", "completions/mean_length", "completions/clipped_ratio")
+
+
+def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
+    """Train ``method`` from the untrained model; return held-out accuracy and the reward of each generation batch."""
+    init_worker()
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer
+
+    from trl_rpg import RPGTrainer
+    from trl_rpg.smollm2 import task
+    from trl_rpg.smollm2.demo import TRAIN_PROMPTS, smollm2_lora
+
+    kind, config = run_config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    accuracy: list = []
+
+    class Evaluate(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % s.eval_every == 0 or state.global_step == state.max_steps:
+                accuracy.append((state.global_step, _evaluate(model, tokenizer, s, seed)))
+
+    t0 = time.perf_counter()
+    trainer = (RPGTrainer if kind == "rpg" else GRPOTrainer)(
+        model=AutoModelForCausalLM.from_pretrained(path), processing_class=tokenizer,
+        reward_funcs=task.arithmetic_reward, args=config, train_dataset=task.make_dataset(TRAIN_PROMPTS, seed=seed),
+        peft_config=smollm2_lora(), callbacks=[Evaluate()])
+    trainer.remove_callback(PrinterCallback)  # the logs go to the results file
+    trainer.train()
+    logs = trainer.state.log_history
+    # the reward of each generation batch: logged at the step that generated it (RPG logs it again on reuse steps)
+    rewards = [row["reward"] for row in logs if "reward" in row and (row["step"] - 1) % s.reuse == 0]
+    means = {}
+    for key in _LOG_KEYS:
+        values = [row[key] for row in logs if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+        if values:
+            means[key] = round(statistics.fmean(values), 5)
+    return {"method": method, "seed": seed, "accuracy": accuracy, "rewards": rewards,
+            "total_s": round(time.perf_counter() - t0, 1), "log_means": means}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Driver side
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run(s: Settings, log=print) -> dict:
+    from trl_rpg.smollm2 import prepare_smollm2
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    info = machine_info()
+    path = prepare_smollm2(s.model_cache, log=log)
+    t0 = time.perf_counter()
+    loads = [loadavg()]
+    with WorkerPool(s.workers) as pool:
+        starts = pool.map(evaluate_start, [(s, path, seed) for seed in s.seeds])
+        log(f"start ({time.perf_counter() - t0:.0f}s): " + ", ".join(
+            f"seed {r['seed']} greedy {r['accuracy']['greedy']:.3f} sampled {r['accuracy']['sampled']:.3f}"
+            for r in starts))
+
+        def done(i, r):
+            loads.append(loadavg())
+            last = r["accuracy"][-1][1]
+            log(f"  {r['method']} seed {r['seed']}: sampled {last['sampled']:.3f}, greedy {last['greedy']:.3f} "
+                f"({r['total_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
+
+        jobs = [(s, path, m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
+        runs = pool.map(train_one, jobs, on_result=done)
+    for r in runs:  # step 0: the seed's shared start
+        r["accuracy"].insert(0, (0, next(x["accuracy"] for x in starts if x["seed"] == r["seed"])))
+    settings = asdict(s)
+    settings.pop("output_dir"), settings.pop("model_cache")
+    settings.update(max_steps=s.max_steps, methods_config={m: METHODS[m] for m in s.methods}, rpg_common=RPG_COMMON)
+    return {"settings": settings, "machine": info, "wall_s": round(time.perf_counter() - t0, 1),
+            "loadavg_samples": loads, "summary": summarize(runs), "runs": runs}
+
+
+def _final(r: dict, kind: str) -> float:
+    return r["accuracy"][-1][1][kind]
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per method: final held-out accuracy (sampled, greedy; mean and sd over seeds) and gain over the start; paired
+    differences (same seed) to GRPO and DAPO with 95% t-intervals."""
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    out: dict = {"methods": {}, "paired": {}}
+    for m in methods:
+        rs = [r for r in runs if r["method"] == m]
+        row = {"n_seeds": len(rs), "s_per_run": statistics.fmean(r["total_s"] for r in rs)}
+        for kind in ("sampled", "greedy"):
+            row[f"{kind}_start"] = mean_std([r["accuracy"][0][1][kind] for r in rs])[0]
+            row[f"{kind}_mean"], row[f"{kind}_std"] = mean_std([_final(r, kind) for r in rs])
+            row[f"{kind}_gain"] = mean_std([_final(r, kind) - r["accuracy"][0][1][kind] for r in rs])[0]
+        row["reward_first"] = statistics.fmean(r["rewards"][0] for r in rs) if all(r["rewards"] for r in rs) else None
+        row["reward_last"] = statistics.fmean(r["rewards"][-1] for r in rs) if all(r["rewards"] for r in rs) else None
+        out["methods"][m] = row
+    for base in ("GRPO", "DAPO"):
+        by_seed = {r["seed"]: r for r in runs if r["method"] == base}
+        for m in methods:
+            pairs = [(r, by_seed[r["seed"]]) for r in runs if r["method"] == m and r["seed"] in by_seed]
+            if m == base or not pairs:
+                continue
+            out["paired"][f"{m} - {base}"] = {
+                kind: ci95([_final(a, kind) - _final(b, kind) for a, b in pairs]) for kind in ("sampled", "greedy")}
+    return out
+
+
+def markdown(result: dict) -> str:
+    summary, s = result["summary"], result["settings"]
+    header = ["method", "held-out sampled: start → last (mean ± sd)", "held-out greedy: start → last (mean ± sd)",
+              "train reward first → last batch", "s/run"]
+    rows = [[m, f"{fmt(r['sampled_start'])} → {fmt(r['sampled_mean'])} ± {fmt(r['sampled_std'])}",
+             f"{fmt(r['greedy_start'])} → {fmt(r['greedy_mean'])} ± {fmt(r['greedy_std'])}",
+             f"{fmt(r['reward_first'])} → {fmt(r['reward_last'])}", fmt(r["s_per_run"], 0)]
+            for m, r in summary["methods"].items()]
+    paired = [[name, f"{d['sampled']['mean']:+.3f} ± {fmt(d['sampled']['half_width'])}",
+               f"{d['greedy']['mean']:+.3f} ± {fmt(d['greedy']['half_width'])}"]
+              for name, d in summary["paired"].items()]
+    text = (f"SmolLM2-135M-Instruct, LoRA, {s['max_steps']} optimizer steps = {s['generation_batches']} generation "
+            f"batches x {s['reuse']} steps, {len(s['seeds'])} seeds; held-out: 30 problems, greedy and "
+            f"{s['eval_samples']} samples at T=1 each.\n\n" + markdown_table(header, rows))
+    if paired:
+        text += ("\n\nPaired by seed, difference in final held-out accuracy, mean ± 95% t-interval half-width (an "
+                 "interval containing 0: no detectable difference):\n\n"
+                 + markdown_table(["comparison", "sampled", "greedy"], paired))
+    return text
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    p.add_argument("--quick", action="store_true", help="1 seed, 2 methods, 4 steps (a smoke run)")
+    p.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")
+    p.add_argument("--generation-batches", type=int, help="override the budget (generation batches)")
+    p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
+    p.add_argument("--output", help="JSON path (default benchmarks/results/smollm2.json; --quick: "
+                                     "outputs/benchmarks/smollm2_quick.json)")
+    a = p.parse_args(argv)
+    s = dataclasses.replace(QUICK if a.quick else FULL)
+    for name in ("seeds", "methods"):
+        if getattr(a, name):
+            setattr(s, name, tuple(getattr(a, name)))
+    if a.generation_batches:
+        s.generation_batches = a.generation_batches
+    if a.workers:
+        s.workers = a.workers
+    path = a.output or default_results_path("smollm2", a.quick)
+    result = run(s)
+    write_json(path, result)
+    print(markdown(result))
+    print(f"\nJSON: {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
