@@ -250,8 +250,11 @@ def test_the_frozen_toy_is_every_task_module_and_its_hash_covers_them_all(tmp_pa
     toy = _common.toy_module(s)
     assert sorted(os.listdir(s.toy_path)) == ["__init__.py", *_common.toy_task_files(s.toy_path)]
     assert {"problems.py", "warmup.py", "build.py"} <= set(os.listdir(s.toy_path))
+    fingerprint = _common.toy_fingerprint(s.toy_path)
     for name in ("toy_reward", "sft_warmup", "build_toy_model"):
-        assert os.path.dirname(inspect.getfile(getattr(toy, name))) == s.toy_path
+        # from a frozen copy with this hash (this one, or an identical one an earlier benchmark in this process froze)
+        folder = os.path.dirname(inspect.getfile(getattr(toy, name)))
+        assert os.path.basename(folder) == "toy_frozen" and _common.toy_fingerprint(folder) == fingerprint, folder
     before = _common.toy_fingerprint(s.toy_path)
     with open(os.path.join(s.toy_path, "problems.py"), "a") as f:
         f.write("\n# changed\n")
