@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _tiny import cpu_args, digit_reward, tiny_dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_rpg import RPGConfig, RPGTrainer  # noqa: E402
+from trl_rpg import RPGConfig, RPGTrainer, checkpointing  # noqa: E402
 
 SCHEDULE_ARGS = {
     "sampling": {},
@@ -46,6 +46,11 @@ class KillAtStep(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def verified_checkpoint(trainer, request):
+    """The checkpoint `trainer.train(resume_from_checkpoint=request)` resumes from, verified as `train` verifies it."""
+    return checkpointing.verified_checkpoint(request, trainer.args, trainer.accelerator, trainer._rpg_run_identity())
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -59,14 +64,14 @@ def main():
     if a.kill_at_step:
         trainer.add_callback(KillAtStep(a.kill_at_step))
     if a.kill_in_save:
-        original = trainer._rpg_save_files
+        original = checkpointing.save_files
 
-        def dying_save(output_dir):
+        def dying_save(output_dir, *rest):
             if trainer.state.global_step == a.kill_in_save:
                 os.kill(os.getpid(), signal.SIGKILL)  # model and optimizer are written, RPG state is not
-            original(output_dir)
+            original(output_dir, *rest)
 
-        trainer._rpg_save_files = dying_save
+        checkpointing.save_files = dying_save
     trainer.train()
 
 

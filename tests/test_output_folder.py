@@ -14,7 +14,7 @@ import os
 import shutil
 
 import pytest
-from _resume_script import make_trainer
+from _resume_script import make_trainer, verified_checkpoint
 from _tiny import save_tiny_model
 from transformers import TrainerCallback
 
@@ -83,7 +83,7 @@ def test_resume_true_takes_this_runs_checkpoint_not_another_runs_higher_one(mode
     assert mine != other and run_id(shared / "checkpoint-6") == other
     resumed = make_trainer(model_path, shared, "periodic", save_total_limit=2, save_steps=2)
     with caplog.at_level(logging.WARNING):
-        assert resumed._rpg_verified_checkpoint(True).endswith("checkpoint-4")
+        assert verified_checkpoint(resumed, True).endswith("checkpoint-4")
     assert "checkpoint-3, checkpoint-6 (another run) are passed over" in warnings_of(caplog)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -107,7 +107,7 @@ def test_a_checkpoint_folder_holds_only_what_its_save_wrote(model_path, shared):
     assert on_disk == set(manifest["files"]) | {ckpt.MANIFEST_FILE}
     assert "model.safetensors" not in on_disk and "adapter_model.safetensors" in on_disk
     resumed = make_trainer(model_path, shared, "periodic", lora=True, max_steps=6)
-    assert resumed._rpg_verified_checkpoint(True).endswith("checkpoint-3")
+    assert verified_checkpoint(resumed, True).endswith("checkpoint-3")
 
 
 def test_a_weights_file_the_manifest_does_not_list_is_refused(model_path, other_run, tmp_path):
@@ -137,4 +137,4 @@ def test_an_old_manifest_in_a_folder_being_rewritten_never_certifies_it(model_pa
         make_trainer(model_path, shared, "periodic").train(resume_from_checkpoint=str(shared / "checkpoint-3"))
     assert not ckpt.is_complete(str(shared / "checkpoint-6"))
     monkeypatch.setattr(ckpt, "save_state", original)
-    assert make_trainer(model_path, shared, "periodic")._rpg_verified_checkpoint(True).endswith("checkpoint-3")
+    assert verified_checkpoint(make_trainer(model_path, shared, "periodic"), True).endswith("checkpoint-3")

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 import torch
-from _resume_script import make_trainer
+from _resume_script import make_trainer, verified_checkpoint
 from _tiny import save_tiny_model
 
 from trl_rpg import checkpoint as ckpt
@@ -79,7 +79,7 @@ def test_resuming_a_float32_checkpoint_in_bfloat16_warns_that_the_weights_are_ro
     trainer = make_trainer(model_path, finished, "periodic")
     trainer.model.to(torch.bfloat16)  # as dtype=bfloat16 in model_init_kwargs loads it
     with caplog.at_level(logging.WARNING):
-        trainer._rpg_verified_checkpoint(str(finished / "checkpoint-3"))
+        verified_checkpoint(trainer, str(finished / "checkpoint-3"))
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "parameter dtypes float32 -> bfloat16 (the restored weights are rounded to bfloat16" in text
 

@@ -17,26 +17,27 @@ on a loaded model) and ``"vllm"`` (for the paper's scale, 3,200 completions of u
 ``vllm.LLM.generate`` call that samples the k completions of every problem at once, ``SamplingParams(n=k)`` per
 problem, from a saved model's path or an ``LLM``; needs vLLM installed). Both return the same statistics.
 
+This module's one job is the evaluation itself: a data set's rows selected and grouped by problem, their prompts
+formatted, generated, scored and averaged (:func:`evaluate_model`, :func:`evaluate_benchmarks`). The parts have a
+module each, whose public names it hands on (``trl_rpg.evaluation.X``): ``benchmark_data`` (the bundled files,
+:func:`load_benchmark`, :func:`problem_text`), ``benchmark_scores`` (:func:`score_completions`, :func:`mean_at_k`),
+``generation`` (:func:`generate_completions`, :func:`vllm_engine`, :func:`generate_with_vllm`).
+
 torch / transformers are only imported by :func:`generate_completions` (and so :func:`evaluate_model`); vllm only by
 the ``"vllm"`` backend.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import math
-import os
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .rewards import completion_to_text, extract_answer, reference_answer, score_completion
-
-if TYPE_CHECKING:  # pragma: no cover
-    import datasets
-
+from .benchmark_data import BENCHMARKS, load_benchmark, problem_text
+from .benchmark_scores import mean_at_k, score_completions
+from .generation import Generations, generate_completions, generate_with_vllm, vllm_engine
+from .rewards import extract_answer, reference_answer
 
 __all__ = [
     "BACKENDS",
@@ -57,170 +58,6 @@ logger = logging.getLogger(__name__)
 
 #: Generation backends of :func:`evaluate_model`: batched ``model.generate`` (default), or one vLLM call.
 BACKENDS = ("transformers", "vllm")
-
-#: Benchmark name -> bundled parquet file (in ``trl_rpg/data``).
-BENCHMARKS: dict[str, str] = {
-    "aime24": "aime-2024.parquet",
-    "aime25": "aime25.parquet",
-    "amc23": "amc-23.parquet",
-}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _data_file(filename: str, data_dir: str | Path | None) -> Path:
-    if data_dir is not None:
-        return Path(data_dir) / filename
-    try:
-        from importlib.resources import files
-
-        resource = files(__package__ or "trl_rpg").joinpath("data", filename)
-        path = Path(str(resource))
-        if path.is_file():
-            return path
-    except Exception:  # (namespace-package quirks, zip imports...: use the module directory)
-        logger.debug("importlib.resources lookup failed for %s", filename, exc_info=True)
-    return Path(__file__).resolve().parent / "data" / filename
-
-
-def problem_text(row: Mapping[str, Any]) -> str:
-    """The problem of a data set row, which identifies it: ``extra_info.raw_problem`` if present, else the prompt
-    (a string, or the contents of its chat messages), else a ``problem`` / ``question`` column."""
-    extra = row.get("extra_info")
-    if isinstance(extra, Mapping) and extra.get("raw_problem"):
-        return str(extra["raw_problem"])
-    prompt = row.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if prompt:
-        return "\n".join(completion_to_text([m]) for m in prompt)
-    return str(row.get("problem", row.get("question", "")))
-
-
-def load_benchmark(name: str, data_dir: str | Path | None = None) -> datasets.Dataset:
-    """Load a bundled benchmark as an in-memory ``datasets.Dataset``.
-
-    Args:
-        name: one of ``BENCHMARKS`` (``"aime24"``, ``"aime25"``, ``"amc23"``); the parquet file stem (e.g.
-            ``"aime-2024"``) is accepted too.
-        data_dir: directory holding the parquet file; defaults to the package's ``trl_rpg/data``.
-
-    Returns:
-        The parquet's rows and columns (``prompt``, ``reward_model``, ``extra_info``, ``data_source``, ``ability``),
-        plus
-
-        * ``ground_truth`` (str): ``reward_model["ground_truth"]``;
-        * ``problem_id`` (int): 0-based id of the problem, numbered in order of first appearance of
-          ``extra_info["raw_problem"]``.  (``extra_info["index"]`` is *not* a problem id in every file: in AIME 2025
-          and AMC 2023 it numbers the 32 copies of each problem.)
-        * ``sample_index`` (int): 0-based index of the row among the copies of its problem (in file order).
-    """
-    import datasets  # lazy: keep `import trl_rpg.evaluation` light
-    import pyarrow.parquet as pq
-
-    key = str(name).strip().lower()
-    stems = {Path(f).stem.lower(): n for n, f in BENCHMARKS.items()}
-    key = stems.get(key, key)
-    if key not in BENCHMARKS:
-        raise ValueError(f"Unknown benchmark {name!r}; allowed names: {sorted(BENCHMARKS)}.")
-    path = _data_file(BENCHMARKS[key], data_dir)
-    if not path.is_file():
-        raise FileNotFoundError(f"Benchmark file for {key!r} not found: {path}")
-    dataset = datasets.Dataset(pq.read_table(path))
-
-    ground_truths: list[str] = []
-    problem_ids: list[int] = []
-    sample_indices: list[int] = []
-    ids: dict[str, int] = {}
-    counts: dict[int, int] = {}
-    for row in dataset.select_columns(["prompt", "reward_model", "extra_info"]):
-        gold = reference_answer(row)
-        if gold is None:
-            raise ValueError(f"{path.name}: a row has no reward_model.ground_truth")
-        ground_truths.append(gold)
-        pid = ids.setdefault(problem_text(row), len(ids))
-        problem_ids.append(pid)
-        sample_indices.append(counts.get(pid, 0))
-        counts[pid] = counts.get(pid, 0) + 1
-    dataset = dataset.add_column("ground_truth", ground_truths)
-    dataset = dataset.add_column("problem_id", problem_ids)
-    dataset = dataset.add_column("sample_index", sample_indices)
-    return dataset
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Scoring
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def score_completions(completions: Sequence[Any], ground_truths: Sequence[Any]) -> list[float]:
-    """Score each completion (string or chat message list) against its reference answer: 1.0 correct, 0.0 wrong.
-
-    The rule is :func:`~trl_rpg.rewards.score_completion`, the training reward's: the last answer the completion
-    commits to (:func:`~trl_rpg.rewards.extract_answer`; no answer counts as wrong), compared with
-    :func:`~trl_rpg.rewards.is_equivalent`.  A reference may be a list of acceptable answers.  Raises ``ValueError`` on
-    a length mismatch or a missing reference.
-    """
-    if len(completions) != len(ground_truths):
-        raise ValueError(f"Got {len(completions)} completions but {len(ground_truths)} ground truths.")
-    scores = []
-    for index, (completion, reference) in enumerate(zip(completions, ground_truths, strict=True)):
-        score = score_completion(completion, reference)
-        if score is None:
-            raise ValueError(f"Missing ground truth for completion {index}.")
-        scores.append(score)
-    return scores
-
-
-def mean_at_k(
-    scores: Sequence[float], problem_ids: Sequence[Hashable], *, allow_uneven: bool = False
-) -> dict[str, Any]:
-    """mean@k: the average over problems of each problem's mean score over its k samples.
-
-    Args:
-        scores: one score per sample (1.0 correct / 0.0 wrong; fractional scores are averaged as they are).
-        problem_ids: the problem of each sample.
-        allow_uneven: by default all problems must have the same number k of samples (else ``ValueError``).  With
-            ``allow_uneven=True`` problems may have different counts; each problem still weighs equally and ``k`` is
-            ``None``.
-
-    Returns:
-        ``{"mean_at_k": float, "k": int | None, "num_problems": int, "num_samples": int, "pass_at_k": float,
-        "per_problem": {problem_id: mean score}}`` where ``pass_at_k`` is the fraction of problems with at least one
-        correct sample (score >= 0.5) and ``num_samples`` the total number of scored samples.  ``per_problem`` is in
-        order of first appearance.
-    """
-    if len(scores) != len(problem_ids):
-        raise ValueError(f"Got {len(scores)} scores but {len(problem_ids)} problem ids.")
-    if len(scores) == 0:
-        raise ValueError("mean_at_k needs at least one score.")
-    groups: dict[Hashable, list[float]] = {}
-    for score, pid in zip(scores, problem_ids, strict=True):
-        if score is None or (isinstance(score, float) and math.isnan(score)):
-            raise ValueError(f"Invalid score {score!r} for problem {pid!r}.")
-        groups.setdefault(pid, []).append(float(score))
-    counts = {len(v) for v in groups.values()}
-    if len(counts) > 1 and not allow_uneven:
-        raise ValueError(
-            f"Problems have different numbers of samples ({sorted(counts)}); pass allow_uneven=True to average anyway."
-        )
-    per_problem = {pid: sum(v) / len(v) for pid, v in groups.items()}
-    return {
-        "mean_at_k": sum(per_problem.values()) / len(per_problem),
-        "k": counts.pop() if len(counts) == 1 else None,
-        "num_problems": len(per_problem),
-        "num_samples": len(scores),
-        "pass_at_k": sum(any(s >= 0.5 for s in v) for v in groups.values()) / len(groups),
-        "per_problem": per_problem,
-    }
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Generation
-# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _rows(dataset: Any) -> list[dict[str, Any]]:
@@ -269,18 +106,6 @@ def _select_rows(
     return selected, pids
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        if isinstance(source, Iterable):
-            ids.update(int(i) for i in source)
-        else:
-            ids.add(int(source))
-    return ids
-
-
 def _prompt_text(tokenizer: Any, prompt: Any, chat_template_kwargs: Mapping[str, Any] | None) -> str:
     if isinstance(prompt, str):  # already-formatted prompt
         return prompt
@@ -288,119 +113,6 @@ def _prompt_text(tokenizer: Any, prompt: Any, chat_template_kwargs: Mapping[str,
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, **dict(chat_template_kwargs or {})
     )
-
-
-@dataclass
-class Generations:
-    """What `generate_completions` returns, one entry per prompt."""
-
-    texts: list[str]  # decoded completions, special tokens stripped
-    lengths: list[int]  # tokens, up to and including EOS
-    truncated: list[bool]  # no EOS within max_new_tokens
-
-
-def generate_completions(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int,
-                         temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, batch_size: int = 32,
-                         seed: int | None = None, generation_kwargs: Mapping[str, Any] | None = None) -> Generations:
-    """Generate one completion per (already formatted) prompt: left-padded, batched ``model.generate``.
-
-    ``temperature=0`` decodes greedily, otherwise samples with ``temperature``, ``top_p``, ``top_k`` (0 = off, which
-    overrides a model's default ``generation_config.top_k``). ``seed`` seeds python / numpy / torch
-    (``transformers.set_seed``) first; ``generation_kwargs`` override the rest. The model is put in eval mode and its
-    training mode restored; the tokenizer's padding side (and a missing pad token, for which EOS stands in) too.
-    Used by the benchmark evaluation (:func:`evaluate_model`) and by the toy task's evaluation.
-    """
-    import torch  # lazy: the data / scoring helpers do not need torch
-    from transformers import set_seed
-
-    eos_ids = _eos_ids(model, tokenizer)
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
-    if temperature and temperature > 0:
-        gen_kwargs.update(do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k))
-    else:
-        gen_kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    if getattr(getattr(model, "generation_config", None), "eos_token_id", None) is None and eos_ids:
-        gen_kwargs["eos_token_id"] = sorted(eos_ids)
-    gen_kwargs.update(dict(generation_kwargs or {}))
-
-    old_padding_side, old_pad_token = tokenizer.padding_side, tokenizer.pad_token
-    was_training = getattr(model, "training", False)
-    device = next(model.parameters()).device
-    out = Generations([], [], [])
-    try:
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            if tokenizer.eos_token is None:
-                raise ValueError("The tokenizer has neither a pad token nor an EOS token.")
-            tokenizer.pad_token = tokenizer.eos_token
-        gen_kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-        model.eval()
-        if seed is not None:
-            set_seed(seed)
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
-                              add_special_tokens=False).to(device)
-            with torch.no_grad():
-                ids = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                     **gen_kwargs)
-            for row in ids[:, batch["input_ids"].shape[1] :].tolist():
-                end = next((i for i, t in enumerate(row) if t in eos_ids), None)
-                out.truncated.append(end is None)
-                row = row if end is None else row[: end + 1]
-                out.lengths.append(len(row))
-                out.texts.append(tokenizer.decode(row, skip_special_tokens=True))
-            logger.info("generate_completions: %d/%d completions", len(out.texts), len(prompts))
-    finally:
-        tokenizer.padding_side = old_padding_side
-        if old_pad_token is None:
-            tokenizer.pad_token = None
-        if was_training:
-            model.train()
-    return out
-
-
-def vllm_engine(model: Any, *, seed: int = 0, **llm_kwargs: Any) -> Any:
-    """The ``vllm.LLM`` the ``"vllm"`` backend generates with: ``model`` itself if it is one, else built from the path
-    of a saved model (``LLM(model=path, seed=seed, **llm_kwargs)``)."""
-    if not isinstance(model, (str, os.PathLike)):
-        if hasattr(model, "parameters"):  # a loaded torch model
-            raise TypeError("backend='vllm' generates with vLLM, from the path of a saved model (or a vllm.LLM), not "
-                            "from a loaded torch model: save it first (save_pretrained) and pass the path, or use "
-                            "backend='transformers'.")
-        return model
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError("backend='vllm' needs vLLM installed (`pip install vllm`); without it use "
-                          "backend='transformers'.")
-    from vllm import LLM
-
-    return LLM(model=str(model), seed=seed, **llm_kwargs)
-
-
-def generate_with_vllm(llm: Any, tokenizer: Any, prompts: Sequence[str], samples: Sequence[int], *,
-                       max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                       seed: int | None = None, generation_kwargs: Mapping[str, Any] | None = None) -> Generations:
-    """``samples[i]`` completions of each (already formatted) prompt ``prompts[i]``, all in one ``llm.generate`` call:
-    one ``SamplingParams(n=samples[i])`` per prompt, seeded ``seed + i`` (its own random stream, whatever the batch).
-
-    The prompts are tokenized as :func:`generate_completions` tokenizes them (no special tokens added) and the
-    completions decoded as it decodes them; ``temperature=0`` decodes greedily; ``top_k=0`` is off;
-    ``generation_kwargs`` are further ``SamplingParams`` fields. A completion is truncated when vLLM stopped it at
-    ``max_new_tokens`` (``finish_reason == "length"``). Returns the completions prompt by prompt.
-    """
-    from vllm import SamplingParams
-
-    params = [SamplingParams(n=k, max_tokens=max_new_tokens, temperature=float(temperature or 0.0),
-                             top_p=float(top_p), top_k=int(top_k), seed=None if seed is None else seed + i,
-                             **dict(generation_kwargs or {})) for i, k in enumerate(samples)]
-    requests = [{"prompt_token_ids": tokenizer(p, add_special_tokens=False)["input_ids"]} for p in prompts]
-    out = Generations([], [], [])
-    for request in llm.generate(requests, params, use_tqdm=False):
-        for completion in request.outputs:
-            out.texts.append(tokenizer.decode(list(completion.token_ids), skip_special_tokens=True))
-            out.lengths.append(len(completion.token_ids))
-            out.truncated.append(completion.finish_reason == "length")
-    logger.info("generate_with_vllm: %d completions of %d prompts", len(out.texts), len(prompts))
-    return out
 
 
 def _one_prompt_per_problem(prompts: Sequence[str], problem_ids: Sequence[Hashable]) -> tuple[list[str], list[int]]:

@@ -12,7 +12,7 @@ exactly 0 at every step (every trained-on token in a zero-gradient region of the
 Definitions (what the trainer feeds in, and what is decided):
 
 - A generation batch carries signal when (1) at least one group of `num_generations` completions has rewards that
-  are not all equal (`dynamic_sampling.group_reward_signal` with `rtol=0`: the weighted rewards of all processes, as
+  are not all equal (`group_signal.group_reward_signal` with `rtol=0`: the weighted rewards of all processes, as
   TRL gathers them in float32, unscored completions left out, max - min above 0). Not a tolerance: rewards any distance
   apart get non-zero advantages from TRL and move the parameters (at most 1e-6 apart, learning rate 1e-2: by 0.012
   in 2 steps on the tests' tiny model), so they are a signal; rewards that are all equal are not, though TRL's
@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .dynamic_sampling import group_reward_signal
+from .group_signal import group_reward_signal
 from .reward_calls import MAX_ABS_REWARD
 
 __all__ = [

@@ -35,18 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = [
-    "DIVERGENCES",
-    "DIVERGENCE_TABLE",
-    "ESTIMATORS",
-    "ESTIMATOR_BODIES",
-    "LOG_RATIO_BOUND",
-    "OBJECTIVES",
-    "Divergence",
-    "ObjectiveInputs",
-    "divergence_value",
-    "rpg_per_token_loss",
-]
+__all__ = ["DIVERGENCES", "DIVERGENCE_TABLE", "ESTIMATORS", "ESTIMATOR_BODIES", "LOG_RATIO_BOUND", "OBJECTIVES",
+           "Divergence", "ObjectiveInputs", "divergence_value", "rpg_per_token_loss"]
 
 #: The arguments of exp (log w, log rho) are clamped to +-LOG_RATIO_BOUND; log r itself is not.
 LOG_RATIO_BOUND = 20.0

@@ -8,7 +8,7 @@ weighs `1 / std` as much against the reward (the KL term does not scale with it)
 `max_grad_norm=1.0`) are the paper's, set for its +-1 accuracy reward (`paper_math_reward`; 0/1 halves the
 advantages: docs/rewards.md).
 
-The scale of a batch is the median `std` over its groups whose rewards differ (`dynamic_sampling.group_reward_signal`;
+The scale of a batch is the median `std` over its groups whose rewards differ (`group_signal.group_reward_signal`;
 constant groups have no advantage at all). It is read once, on the first training batch that has such a group, and
 warns when it lies outside `[LOW, HIGH]`. Measured on the test suite's tiny random model (8 completions per group,
 up to 32 tokens), the first step's gradient norm under `"none"` over that under `"group"` was 1.0-1.3x the median
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .dynamic_sampling import group_reward_signal
+from .group_signal import group_reward_signal
 
 __all__ = ["HIGH", "LOW", "RewardScaleCheck", "batch_reward_scale", "scale_is_checked", "scale_warning",
            "startup_note"]

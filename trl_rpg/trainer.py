@@ -2,10 +2,10 @@
 
 The trainer only overrides the `GRPOTrainer` / `Trainer` methods TRL calls (each says why in one line) and
 delegates: the loss to `objectives` and `loss`, the reference policy to `reference`, dynamic sampling to
-`dynamic_sampling`, checkpoints to `checkpoint`, the gradient guard to `gradient_guard`, the model card to
-`model_card`, data set checks to `validation`, reward-function calls to `reward_calls`, the "did this run learn
-anything" verdict to `learning_signal`, the start-up line to `describe`. `_compat` lists every TRL internal used.
-docs/architecture.md follows one training step through them.
+`dynamic_sampling`, checkpoints to `checkpoint` (the trainer's parts handed to it by `checkpointing`), the gradient
+guard to `gradient_guard`, the model card to `model_card`, data set checks to `validation`, reward-function calls to
+`reward_calls`, the "did this run learn anything" verdict to `learning_signal`, the start-up line to `describe`.
+`_compat` lists every TRL internal used. docs/architecture.md follows one training step through them.
 """
 
 from __future__ import annotations
@@ -16,11 +16,20 @@ import os
 from typing import ClassVar
 
 import torch
-from accelerate.utils import gather_object
 from torch import nn
 from trl import GRPOTrainer
 
-from . import _compat, checkpoint, gradient_guard, learning_signal, model_card, precision, sampler_logps, upgrade_guard
+from . import (
+    _compat,
+    checkpoint,
+    checkpointing,
+    gradient_guard,
+    learning_signal,
+    model_card,
+    precision,
+    sampler_logps,
+    upgrade_guard,
+)
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
@@ -44,13 +53,7 @@ from .reference import MOVING, ReferencePolicy, ReferenceSchedule, without_dropo
 from .reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
 from .reward_exits import StuckRewardWatchdog
 from .reward_scale import RewardScaleCheck
-from .rewards import check_reward_columns
-from .validation import (
-    validate_dataset_size,
-    validate_eval_dataset,
-    validate_tokenized_prompts,
-    validate_train_dataset,
-)
+from .validation import validate_inputs, validate_tokenized_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -71,10 +74,8 @@ class RPGTrainer(GRPOTrainer):
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
         if kwargs.get("environment_factory") is None:  # before any model is loaded
-            validate_train_dataset(train_dataset)
-            validate_dataset_size(train_dataset, args)
-            check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
-            validate_eval_dataset(positional[1] if len(positional) > 1 else kwargs.get("eval_dataset"), reward_funcs)
+            validate_inputs(train_dataset, positional[1] if len(positional) > 1 else kwargs.get("eval_dataset"),
+                            reward_funcs, args)
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
@@ -295,10 +296,10 @@ class RPGTrainer(GRPOTrainer):
         # Override: one writer per output_dir (a lock held for the run); resume only from a verified, complete RPG
         # checkpoint; a run that trained on nothing is told so.
         acc = self.accelerator
-        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,
-                                        gather_object if acc.num_processes > 1 else lambda values: values):
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
             if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-                resume_from_checkpoint = self._rpg_verified_checkpoint(resume_from_checkpoint)
+                resume_from_checkpoint = checkpointing.verified_checkpoint(resume_from_checkpoint, self.args, acc,
+                                                                           self._rpg_run_identity())
             elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
                 checkpoint.warn_if_other_runs(self.args.output_dir)
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
@@ -318,33 +319,15 @@ class RPGTrainer(GRPOTrainer):
                 raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
             if error and self.is_world_process_zero():
                 logger.warning(learning_signal.verdict_warning(error))
-            hub_error = self._hub.final_error()
-            hub_error = gather_object([hub_error])[0] if acc.num_processes > 1 else hub_error  # the main process's
+            hub_error = checkpointing.gather_all(acc)([self._hub.final_error()])[0]  # the main process's
             if hub_error is not None:
                 self.save_model(self.args.output_dir, _internal_call=True)  # a script's own save never runs
                 raise HubUploadError(f"{hub_error} The final model is saved in {self.args.output_dir}.")
             return output
 
-    def _rpg_verified_checkpoint(self, request) -> str:
-        """The checkpoint to resume from (a path, or `True`: the newest that passes), verified by every process
-        before transformers reads it (`checkpoint.resume_checkpoint`); every process raises the same error."""
-        acc, args = self.accelerator, self.args
-        return checkpoint.resume_checkpoint(
-            request, args.output_dir, self._rpg_run_identity(), args.max_steps, acc.num_processes, acc.process_index,
-            acc.is_main_process, gather_object if acc.num_processes > 1 else lambda values: values)
-
     def _rpg_run_identity(self) -> dict:
-        """What identifies this run in a checkpoint (`checkpoint.run_identity`), with its DeepSpeed ZeRO stage."""
-        acc = self.accelerator
-        stage = acc.state.deepspeed_plugin.zero_stage if self.is_deepspeed_enabled else None
-        return checkpoint.run_identity(self.args, acc.unwrap_model(self.model), zero_stage=stage,
-                                       grad_scaler=acc.scaler is not None)
-
-    def _rpg_run_id(self) -> str:
-        """This run's id (`checkpoint.run_id`, kept in `trainer_state.json`), the main process's on every process."""
-        acc = self.accelerator
-        return checkpoint.run_id(self.state.stateful_callbacks,
-                                 (lambda value: gather_object([value])[0]) if acc.num_processes > 1 else None)
+        """What identifies this run in a checkpoint (`checkpointing.run_identity`)."""
+        return checkpointing.run_identity(self.args, self.accelerator, self.model, self.is_deepspeed_enabled)
 
     def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
         # Override: here transformers has DeepSpeed load a resumed checkpoint, with torch.load(weights_only=False).
@@ -359,7 +342,7 @@ class RPGTrainer(GRPOTrainer):
         # complete, deletes the last complete one, or uploads a checkpoint that cannot be resumed.
         run_dir = self._get_output_dir(trial=trial)
         output_dir = os.path.join(run_dir, f"{_compat.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        run_id = self._rpg_run_id()
+        run_id = checkpointing.run_id(self.state.stateful_callbacks, self.accelerator)
         limit, push = self.args.save_total_limit, self.args.push_to_hub
         # transformers rotates and queues the Hub upload inside its save, before RPG's files and the manifest exist
         self.args.save_total_limit, self.args.push_to_hub = None, False
@@ -369,7 +352,9 @@ class RPGTrainer(GRPOTrainer):
                     checkpoint.begin_checkpoint(output_dir, self.state.global_step, run_id)
                 self.accelerator.wait_for_everyone()  # no process writes into the folder before it is emptied
                 super()._save_checkpoint(model, trial)
-                self._rpg_save_files(output_dir)
+                checkpointing.save_files(output_dir, self.args, self.accelerator, self.reference, self._step,
+                                         self._buffered_inputs, self.skipped_steps, self.state.global_step,
+                                         self._rpg_run_identity, run_id)
         finally:
             self.args.save_total_limit, self.args.push_to_hub = limit, push
         if push:
@@ -390,37 +375,13 @@ class RPGTrainer(GRPOTrainer):
         # skipped it or its upload failed (hub_uploads.HubUploads.finish).
         self._hub.finish(self._push_from_checkpoint)
 
-    def _rpg_save_files(self, output_dir: str) -> None:
-        args, acc = self.args, self.accelerator
-        buffer = self._buffered_inputs if args.rpg_save_generation_buffer else None
-        own = checkpoint.save_generation_buffer(output_dir, acc.process_index, self._step, buffer)
-        if args.rpg_reference in MOVING:
-            snapshot = self.reference.snapshot(keep=args.should_save)  # a collective call under ZeRO-3
-            if args.should_save:
-                checkpoint.save_reference(output_dir, snapshot)
-        if args.should_save:
-            checkpoint.save_state(output_dir, {**self.reference.state_dict(), "skipped_steps": self.skipped_steps})
-        reported = gather_object([own]) if acc.num_processes > 1 else [own]
-        acc.wait_for_everyone()
-        if args.should_save:
-            checkpoint.write_manifest(output_dir, self.state.global_step, acc.num_processes, self._rpg_run_identity(),
-                                      reported, args.save_only_model, self._rpg_run_id())
-
     def _load_optimizer_and_scheduler(self, resume_from):
         # Override: restore RPG's state with the optimizer's (called once on resume, on every process; the
         # checkpoint was verified in `train`).
         super()._load_optimizer_and_scheduler(resume_from)
-        if resume_from is None:
-            return
-        acc = self.accelerator
-        state = checkpoint.load_state(resume_from)
-        self.reference.load_state_dict(state)
-        self.skipped_steps = int(state.get("skipped_steps", 0))
-        if self.args.rpg_reference in MOVING:
-            self.reference.restore(checkpoint.load_reference(resume_from))
-        self._step, self._buffered_inputs = checkpoint.restore_buffers(
-            resume_from, acc.num_processes, self.args.steps_per_generation, acc.process_index, self._rpg_pad_token_id,
-            acc.device)
+        if resume_from is not None:
+            self.skipped_steps, self._step, self._buffered_inputs = checkpointing.restore(
+                resume_from, self.args, self.accelerator, self.reference, self._rpg_pad_token_id)
 
     @property
     def _rpg_pad_token_id(self) -> int:

@@ -57,6 +57,16 @@ def validate_eval_dataset(eval_dataset, reward_funcs) -> None:
         check_reward_columns(reward_funcs, getattr(dataset, "column_names", None), name)
 
 
+def validate_inputs(train_dataset, eval_dataset, reward_funcs, args) -> None:
+    """What a trainer checks before any model is loaded: the training set's prompts (`validate_train_dataset`) and
+    size (`validate_dataset_size`), the columns its reward functions read (`rewards.check_reward_columns`), the
+    evaluation set(s) (`validate_eval_dataset`)."""
+    validate_train_dataset(train_dataset)
+    validate_dataset_size(train_dataset, args)
+    check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
+    validate_eval_dataset(eval_dataset, reward_funcs)
+
+
 def _no_prompt_column(name, columns) -> str:
     return (f"`{name}` has no 'prompt' column (columns: {list(columns)}). RPGTrainer, like GRPOTrainer, needs a "
             "'prompt' column of strings or of chat messages.")
