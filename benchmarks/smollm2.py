@@ -2,6 +2,8 @@
 
     python -m benchmarks.smollm2            # 4 methods x 3 seeds x 24 steps (about an hour on 2 quiet cores)
     python -m benchmarks.smollm2 --quick    # 2 methods x 1 seed x 4 steps (a smoke run, minutes)
+    python -m benchmarks.smollm2 --resume benchmarks/results/smollm2.json     # continue an interrupted run
+    python -m benchmarks.smollm2 --summarize benchmarks/results/smollm2.json  # tables and plot of a results file
 
 The model is the registry's SmolLM2-135M-Instruct (``trl_rpg.smollm2.prepare_smollm2``); the task is
 ``trl_rpg.smollm2.task`` (single-digit addition through the model's chat template, reward 1 when the reply ends and
@@ -12,6 +14,8 @@ optimizer steps, as the toy learning benchmark does. The methods are the toy ben
 Every method of a seed starts from the same model and sees the same prompts; held-out accuracy (30 problems never
 trained on: greedy, and the mean of ``eval_samples`` replies sampled at temperature 1) is measured at step 0 (once
 per seed) and every ``eval_every`` steps. Runs are spread over ``--workers`` processes with one torch thread each.
+The JSON (``benchmarks/results/smollm2.json``) is rewritten after every run (``complete`` false until the
+end), so an interrupted run loses only the runs in flight; the plot is written next to it (``smollm2.png``).
 
 What it can show: whether each method moves a real pretrained model on a verifiable task, how far in a fixed
 budget, and paired differences between methods (same seed: same prompts and sampling seed) with 95% intervals. What
