@@ -2,6 +2,8 @@
 
     python -m benchmarks.smollm2            # 4 methods x 3 seeds x 24 steps (about an hour on 2 quiet cores)
     python -m benchmarks.smollm2 --quick    # 2 methods x 1 seed x 4 steps (a smoke run, minutes)
+    python -m benchmarks.smollm2 --resume benchmarks/results/smollm2.json     # continue an interrupted run
+    python -m benchmarks.smollm2 --summarize benchmarks/results/smollm2.json  # tables and plot of a results file
 
 The model is the registry's SmolLM2-135M-Instruct (``trl_rpg.smollm2.prepare_smollm2``); the task is
 ``trl_rpg.smollm2.task`` (single-digit addition through the model's chat template, reward 1 when the reply ends and
@@ -12,6 +14,8 @@ optimizer steps, as the toy learning benchmark does. The methods are the toy ben
 Every method of a seed starts from the same model and sees the same prompts; held-out accuracy (30 problems never
 trained on: greedy, and the mean of ``eval_samples`` replies sampled at temperature 1) is measured at step 0 (once
 per seed) and every ``eval_every`` steps. Runs are spread over ``--workers`` processes with one torch thread each.
+The JSON (``benchmarks/results/smollm2.json``) is rewritten after every run (``complete`` false until the
+end), so an interrupted run loses only the runs in flight; the plot is written next to it (``smollm2.png``).
 
 What it can show: whether each method moves a real pretrained model on a verifiable task, how far in a fixed
 budget, and paired differences between methods (same seed: same prompts and sampling seed) with 95% intervals. What
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -151,7 +156,27 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run(s: Settings, log=print) -> dict:
+def jobs(s: Settings) -> list[tuple[str, int]]:
+    """(method, seed) of every run, seed-major with the methods interleaved, so a partial result holds whole seeds."""
+    return [(m, seed) for seed in s.seeds for m in s.methods]
+
+
+def _settings_dict(s: Settings) -> dict:
+    settings = asdict(s)
+    settings.pop("output_dir"), settings.pop("model_cache")
+    settings.update(max_steps=s.max_steps, methods_config={m: METHODS[m] for m in s.methods}, rpg_common=RPG_COMMON)
+    return settings
+
+
+def settings_from_dict(d: dict) -> Settings:
+    """The :class:`Settings` a results file was made with (``--resume``, ``--summarize``)."""
+    known = {f.name for f in dataclasses.fields(Settings)} - {"output_dir", "model_cache"}
+    return Settings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+
+
+def run(s: Settings, log=print, json_path: str | None = None, previous: dict | None = None) -> dict:
+    """Measure each seed's start, train every (method, seed) not already in ``previous``; write the partial result
+    to ``json_path`` after every run (``complete`` false until the end); return runs and summary."""
     from trl_rpg.smollm2 import prepare_smollm2
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -159,28 +184,44 @@ def run(s: Settings, log=print) -> dict:
     info = machine_info()
     path = prepare_smollm2(s.model_cache, log=log)
     t0 = time.perf_counter()
-    loads = [loadavg()]
+    prev_wall = (previous or {}).get("wall_s") or 0.0
+    loads = list((previous or {}).get("loadavg_samples") or []) + [loadavg()]
+    finished = {(r["method"], r["seed"]): r for r in (previous or {}).get("runs", [])}
+    todo = [j for j in jobs(s) if j not in finished]
+    runs = list(finished.values())
+    starts = {x["seed"]: x for x in (previous or {}).get("starts", [])}
+    result = {"settings": _settings_dict(s), "machine": info, "complete": False, "loadavg_samples": loads,
+              "starts": [], "runs": runs}
+    if previous is not None:
+        result["machine_earlier"] = previous.get("machine_earlier", []) + [previous.get("machine")]
     with WorkerPool(s.workers) as pool:
-        starts = pool.map(evaluate_start, [(s, path, seed) for seed in s.seeds])
+        missing = [seed for seed in s.seeds if seed not in starts]
+        for r in pool.map(evaluate_start, [(s, path, seed) for seed in missing]):
+            starts[r["seed"]] = r
+        result["starts"] = [starts[seed] for seed in s.seeds]
         log(f"start ({time.perf_counter() - t0:.0f}s): " + ", ".join(
             f"seed {r['seed']} greedy {r['accuracy']['greedy']:.3f} sampled {r['accuracy']['sampled']:.3f}"
-            for r in starts))
+            for r in result["starts"]))
+        log(f"{len(todo)} runs to do ({len(finished)} already done)")
 
         def done(i, r):
+            r["accuracy"].insert(0, (0, starts[r["seed"]]["accuracy"]))  # step 0: the seed's shared start
+            runs.append(r)
             loads.append(loadavg())
+            result["wall_s"] = round(time.perf_counter() - t0 + prev_wall, 1)
+            if json_path:
+                write_json(json_path, result)
             last = r["accuracy"][-1][1]
-            log(f"  {r['method']} seed {r['seed']}: sampled {last['sampled']:.3f}, greedy {last['greedy']:.3f} "
-                f"({r['total_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
+            log(f"  [{len(runs)}/{len(todo) + len(finished)}] {r['method']} seed {r['seed']}: sampled "
+                f"{last['sampled']:.3f}, greedy {last['greedy']:.3f} ({r['total_s']}s, "
+                f"{time.perf_counter() - t0:.0f}s elapsed, load {loads[-1]})")
 
-        jobs = [(s, path, m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
-        runs = pool.map(train_one, jobs, on_result=done)
-    for r in runs:  # step 0: the seed's shared start
-        r["accuracy"].insert(0, (0, next(x["accuracy"] for x in starts if x["seed"] == r["seed"])))
-    settings = asdict(s)
-    settings.pop("output_dir"), settings.pop("model_cache")
-    settings.update(max_steps=s.max_steps, methods_config={m: METHODS[m] for m in s.methods}, rpg_common=RPG_COMMON)
-    return {"settings": settings, "machine": info, "wall_s": round(time.perf_counter() - t0, 1),
-            "loadavg_samples": loads, "summary": summarize(runs), "runs": runs}
+        pool.map(train_one, [(s, path, m, seed) for m, seed in todo], on_result=done)
+    order = {j: i for i, j in enumerate(jobs(s))}
+    runs.sort(key=lambda r: order.get((r["method"], r["seed"]), len(order)))
+    result.update(complete=True, wall_s=round(time.perf_counter() - t0 + prev_wall, 1), loadavg_end=loadavg(),
+                  summary=summarize(runs))
+    return result
 
 
 def _final(r: dict, kind: str) -> float:
@@ -234,6 +275,59 @@ def markdown(result: dict) -> str:
     return text
 
 
+def plot(result: dict, path: str) -> str | None:
+    """Three panels: held-out accuracy sampled at T = 1 and greedy (mean over seeds, band ± s.e.m., the step-0 point
+    each seed's shared start), and the training reward of each generation batch."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        return None
+    runs, s = result["runs"], result["settings"]
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8))
+
+    def band(ax, xs, cols, color=None, label=None):
+        mean = [statistics.fmean(c) for c in cols]
+        (line,) = ax.plot(xs, mean, label=label, linewidth=1.8, color=color, marker="o", markersize=3)
+        if len(cols[0]) > 1:
+            sem = [statistics.stdev(c) / math.sqrt(len(c)) for c in cols]
+            ax.fill_between(xs, [m - e for m, e in zip(mean, sem)], [m + e for m, e in zip(mean, sem)],
+                            color=line.get_color(), alpha=0.15)
+        return line
+
+    for m in methods:
+        rs = [r for r in runs if r["method"] == m]
+        n = min(len(r["accuracy"]) for r in rs)
+        steps = [st for st, _ in rs[0]["accuracy"][:n]]
+        line = band(axes[0], steps, [[r["accuracy"][i][1]["sampled"] for r in rs] for i in range(n)], label=m)
+        band(axes[1], steps, [[r["accuracy"][i][1]["greedy"] for r in rs] for i in range(n)], color=line.get_color(),
+             label=m)
+        nb = min(len(r["rewards"]) for r in rs)
+        if nb:
+            band(axes[2], [i * s["reuse"] for i in range(nb)], [[r["rewards"][i] for r in rs] for i in range(nb)],
+                 color=line.get_color(), label=m)
+    n_seeds = len({r["seed"] for r in runs})
+    axes[0].set(xlabel="optimizer step", ylabel="held-out accuracy, sampled (T = 1)",
+                title=f"Held-out, sampled at T = 1 (mean, band ± s.e.m., {n_seeds} seeds)")
+    axes[1].set(xlabel="optimizer step", ylabel="held-out accuracy, greedy", title="Held-out, greedy")
+    axes[2].set(xlabel="optimizer step at generation", ylabel="mean reward of the generation batch",
+                title="Training reward (mean of each generation batch, T = 1)")
+    axes[0].legend(fontsize=8, loc="lower right")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"SmolLM2-135M-Instruct, LoRA: {s['max_steps']} optimizer steps = {s['generation_batches']} "
+                 f"generation batches x {s['reuse']}", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
@@ -243,21 +337,41 @@ def main(argv=None):
     p.add_argument("--generation-batches", type=int, help="override the budget (generation batches)")
     p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
     p.add_argument("--output", help="JSON path (default benchmarks/results/smollm2.json; --quick: "
-                                     "outputs/benchmarks/smollm2_quick.json)")
+                                     "outputs/benchmarks/smollm2_quick.json); the plot goes next to it")
+    p.add_argument("--resume", metavar="JSON", help="continue a partial results file with its settings")
+    p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plot of a results file")
     a = p.parse_args(argv)
-    s = dataclasses.replace(QUICK if a.quick else FULL)
-    for name in ("seeds", "methods"):
-        if getattr(a, name):
-            setattr(s, name, tuple(getattr(a, name)))
-    if a.generation_batches:
-        s.generation_batches = a.generation_batches
-    if a.workers:
-        s.workers = a.workers
-    path = a.output or default_results_path("smollm2", a.quick)
-    result = run(s)
-    write_json(path, result)
-    print(markdown(result))
-    print(f"\nJSON: {path}")
+    if a.summarize or a.resume:
+        with open(a.summarize or a.resume) as f:
+            previous = json.load(f)
+        s = settings_from_dict(previous["settings"])
+        json_path = a.summarize or a.resume
+        if a.workers:
+            s.workers = a.workers
+        if a.summarize:
+            previous["summary"] = summarize(previous["runs"])
+            result = previous
+        else:
+            result = run(s, json_path=json_path, previous=previous)
+    else:
+        s = dataclasses.replace(QUICK if a.quick else FULL)
+        for name in ("seeds", "methods"):
+            if getattr(a, name):
+                setattr(s, name, tuple(getattr(a, name)))
+        if a.generation_batches:
+            s.generation_batches = a.generation_batches
+        if a.workers:
+            s.workers = a.workers
+        json_path = a.output or default_results_path("smollm2", a.quick)
+        result = run(s, json_path=json_path)
+    png = plot(result, os.path.splitext(json_path)[0] + ".png")
+    result["plot"] = os.path.basename(png) if png else None
+    write_json(json_path, result)
+    m = result["machine"]
+    print(f"\n## SmolLM2-135M-Instruct ({m['date_utc']}, commit {m.get('git_commit')}"
+          f"{' + local changes' if m.get('git_dirty') else ''})\ncommand: `{m['command']}`; {m.get('nproc')} cores, "
+          f"wall {result.get('wall_s', 0):.0f}s, load at start {m.get('loadavg_start')}, at end "
+          f"{result.get('loadavg_end')}\n\n{markdown(result)}\n\nJSON: {json_path}\nplot: {png}")
     return result
 
 

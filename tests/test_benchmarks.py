@@ -347,7 +347,7 @@ class _Written(Exception):
     """Raised by the stand-in `write_json`: where a benchmark's `main` writes its results."""
 
 
-@pytest.mark.parametrize("module", ["learning", "offpolicy", "cost", "bandit_optimum"])
+@pytest.mark.parametrize("module", ["learning", "offpolicy", "cost", "bandit_optimum", "smollm2"])
 def test_quick_runs_write_outside_the_committed_results(module, monkeypatch):
     """`--quick` writes to outputs/benchmarks/ (git-ignored), never over benchmarks/results/, the committed record;
     a full run still writes the record. The benchmark itself is stubbed out: only where `main` writes is checked."""
@@ -453,3 +453,58 @@ def test_smollm2_summary_pairs_runs_by_seed():
     assert paired["half_width"] == pytest.approx(4.303 * sd / math.sqrt(3), rel=1e-3)
     assert "RPG - GRPO" in smollm2.markdown({"summary": summary, "settings": {
         "max_steps": 24, "generation_batches": 6, "reuse": 4, "seeds": [0, 1, 2], "eval_samples": 4}})
+
+
+def test_smollm2_saves_after_every_run_resumes_what_is_missing_and_plots(tmp_path, monkeypatch, keep_threads):
+    """benchmarks/smollm2.py's driver, with the model, the start's evaluation and the training stubbed out: the
+    partial result is written after every run, the shared start is step 0 of each run, ``--resume`` trains only the
+    (method, seed) pairs missing from the file and reuses its starts, and ``--summarize`` rewrites the plot."""
+    import trl_rpg.smollm2
+    from benchmarks import smollm2
+
+    trained, evaluated, snapshots = [], [], []
+
+    def evaluate_start(s, path, seed):
+        evaluated.append(seed)
+        return {"seed": seed, "accuracy": {"greedy": 0.8, "sampled": 0.1 + seed / 10}}
+
+    def train_one(s, path, method, seed):
+        trained.append((method, seed))
+        last = {"greedy": 0.9, "sampled": 0.5 + seed / 10 + (0.1 if method == "GRPO" else 0.0)}
+        return {"method": method, "seed": seed, "accuracy": [(s.max_steps, last)], "rewards": [0.1, 0.6],
+                "total_s": 1.0, "log_means": {}}
+
+    real_write = smollm2.write_json
+
+    def write_json(path, obj):
+        snapshots.append((len(obj["runs"]), obj["complete"]))
+        real_write(path, obj)
+
+    monkeypatch.setattr(trl_rpg.smollm2, "prepare_smollm2", lambda *a, **k: "model")
+    monkeypatch.setattr(smollm2, "evaluate_start", evaluate_start)
+    monkeypatch.setattr(smollm2, "train_one", train_one)
+    monkeypatch.setattr(smollm2, "write_json", write_json)
+    out = tmp_path / "smollm2.json"
+    s = dataclasses.replace(smollm2.FULL, seeds=(0, 1), methods=("RPG-REINFORCE-URKL", "GRPO"), workers=1)
+    first = smollm2.run(s, log=lambda *a: None, json_path=str(out))
+    assert trained == smollm2.jobs(s) == [("RPG-REINFORCE-URKL", 0), ("GRPO", 0), ("RPG-REINFORCE-URKL", 1),
+                                          ("GRPO", 1)]
+    assert snapshots == [(1, False), (2, False), (3, False), (4, False)] and first["complete"]
+    assert all(r["accuracy"][0] == (0, {"greedy": 0.8, "sampled": 0.1 + r["seed"] / 10}) for r in first["runs"])
+    assert first["summary"]["paired"]["RPG-REINFORCE-URKL - GRPO"]["sampled"]["mean"] == pytest.approx(-0.1)
+
+    partial = json.loads(out.read_text())  # as a crash after the second run would have left it
+    partial["runs"] = partial["runs"][:2]
+    partial["complete"] = False
+    out.write_text(json.dumps(partial))
+    trained.clear(), evaluated.clear()
+    monkeypatch.setattr(smollm2, "plot", lambda result, path: str(path))
+    resumed = smollm2.main(["--resume", str(out), "--workers", "1"])
+    assert trained == [("RPG-REINFORCE-URKL", 1), ("GRPO", 1)] and evaluated == []  # the starts came from the file
+    assert resumed["complete"] and [(r["method"], r["seed"]) for r in resumed["runs"]] == smollm2.jobs(s)
+    assert resumed["summary"] == json.loads(json.dumps(first["summary"]))
+    assert smollm2.settings_from_dict(resumed["settings"]) == s
+
+    monkeypatch.undo()
+    png = smollm2.plot(json.loads(out.read_text()), str(tmp_path / "smollm2.png"))
+    assert png is None or os.path.getsize(png) > 0
