@@ -23,3 +23,15 @@ def toy_model_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("toy") / "toy-model"
     build_toy_model(path)
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """The README's command runs the suite on two workers (pytest-xdist, `-n 2 --dist loadgroup`): the multi-process
+    tests (marked `distributed`: they bind ports and each takes both cores) run one after another on one worker, and
+    every other test file stays whole on one worker (its module fixtures built once). Without xdist: nothing."""
+    if getattr(config.option, "dist", "no") != "loadgroup":
+        return
+    for item in items:
+        group = "multi-process" if item.get_closest_marker("distributed") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+

@@ -340,6 +340,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.distributed
 def test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned(tiny_setup, tmp_path):
     """`--num_processes 2` without GPU starts two training processes (not one, silently); when one of them fails
     with status 3, the launcher exits 3 (not 1)."""

@@ -180,6 +180,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@pytest.mark.distributed
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_without_a_traceback(tmp_path):
     """SIGTERM or SIGINT to the launcher of a two-process run (torchrun's agent, which turns them into a
