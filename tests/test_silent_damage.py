@@ -184,9 +184,14 @@ def test_a_ctrl_c_during_a_reward_call_stays_a_ctrl_c():
         time.sleep(30)  # interrupted by it
         return [1.0]
 
-    with pytest.raises(KeyboardInterrupt):
-        checked_reward_function(reward, "slow")(prompts=["p"], completions=["c"])
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    # Python's own Ctrl-C handler, as in a program started from a terminal (a pytest-xdist worker ignores SIGINT)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checked_reward_function(reward, "slow")(prompts=["p"], completions=["c"])
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is restored
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 @pytest.fixture
