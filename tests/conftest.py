@@ -25,13 +25,48 @@ def toy_model_dir(tmp_path_factory):
     return path
 
 
-def pytest_collection_modifyitems(config, items):
-    """The README's command runs the suite on two workers (pytest-xdist, `-n 2 --dist loadgroup`): the multi-process
-    tests (marked `distributed`: they bind ports and each takes both cores) run one after another on one worker, and
-    every other test file stays whole on one worker (its module fixtures built once). Without xdist: nothing."""
-    if getattr(config.option, "dist", "no") != "loadgroup":
-        return
-    for item in items:
-        group = "multi-process" if item.get_closest_marker("distributed") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+#: The multi-process tests (marked `distributed`: they bind ports and each takes both cores), by file and test function
+#: ("*": the whole file). Under pytest-xdist (the README's `-n 2 --dist loadfile`) they are one scope, run one after
+#: another on one worker; every other test file is a scope of its own, run whole on one worker (its module fixtures
+#: built once). The collection refuses a `distributed` test missing here.
+MULTI_PROCESS_TESTS = {
+    "test_distributed.py": "*",
+    "test_cli.py": {"test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned"},
+    "test_cli_launcher.py": {
+        "test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_without_a_traceback"},
+    "test_dynamic_sampling.py": {"test_two_processes_stay_in_step"},
+    "test_grpo_equivalence.py": {"test_ddp_two_processes_train_like_grpo"},
+    "test_sampler_logps.py": {"test_two_processes_engine_trains_to_recompute_parameters"},
+    "test_stuck_reward.py": {"test_a_reward_stuck_on_one_of_two_processes_ends_the_run_naming_it"},
+    "test_vllm_generation.py": {"test_two_processes_each_engine_holds_the_policy_ddp",
+                                "test_two_processes_each_engine_holds_the_policy_zero3"},
+}
 
+
+def xdist_scope(nodeid: str) -> str:
+    """The scope of a test under `--dist loadfile`: "multi-process" for the tests above, else its file."""
+    path, _, rest = nodeid.partition("::")
+    listed = MULTI_PROCESS_TESTS.get(os.path.basename(path))
+    name = rest.split("[", 1)[0].split("::")[-1]
+    return "multi-process" if listed == "*" or (listed and name in listed) else path
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; a hook of xdist only
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndMultiProcessTests(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return xdist_scope(nodeid)
+
+    return FilesAndMultiProcessTests(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every `distributed` test is listed in MULTI_PROCESS_TESTS (else two of them could run at once under xdist)."""
+    for item in items:
+        if item.get_closest_marker("distributed") and xdist_scope(item.nodeid) != "multi-process":
+            raise pytest.UsageError(f"{item.nodeid} is marked distributed but not listed in MULTI_PROCESS_TESTS "
+                                    "(tests/conftest.py)")

@@ -24,7 +24,7 @@ def first_bash_block() -> list[str]:
 
 def test_demo_and_test_commands_each_use_their_own_virtualenv():
     demo, tests = first_bash_block()
-    assert demo.endswith("trl-rpg demo") and tests.endswith("python -m pytest -q -n 2 --dist loadgroup")
+    assert demo.endswith("trl-rpg demo") and tests.endswith("python -m pytest -q -n 2 --dist loadfile")
     envs = []
     for line in (demo, tests):
         made, activated = VENV.match(line).groups()
