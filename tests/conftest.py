@@ -17,12 +17,20 @@ sys.path.insert(0, os.path.dirname(__file__))  # test helpers such as _enumerati
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory):
     """The toy task's default warmed-up model (the full warm-up, the longest build of the suite), built once per
-    session and saved: `trl_rpg.toy.build_toy_model(toy_model_dir)` with the default settings loads it (its cache)."""
+    run and saved: `trl_rpg.toy.build_toy_model(toy_model_dir)` with the default settings loads it (its cache).
+    Under pytest-xdist the workers share it: the first builds it, the others wait for it and load it."""
+    from filelock import FileLock
+
     from trl_rpg.toy import build_toy_model
 
-    path = tmp_path_factory.mktemp("toy") / "toy-model"
-    build_toy_model(path)
-    return path
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder = root / "toy-shared"
+    folder.mkdir(exist_ok=True)
+    with FileLock(str(folder / ".lock")):
+        build_toy_model(folder / "toy-model")
+    return folder / "toy-model"
 
 
 #: The multi-process tests (marked `distributed`: they bind ports and each takes both cores), by file and test function
