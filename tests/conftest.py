@@ -63,9 +63,23 @@ def xdist_scope(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadScopeScheduling
 
+    class MultiProcessFirst(OrderedDict):
+        """The scopes waiting for a worker, the multi-process one first: the longest, and one test at a time."""
+
+        def __setitem__(self, scope, tests):
+            super().__setitem__(scope, tests)
+            if scope == "multi-process":
+                self.move_to_end(scope, last=False)
+
     class FilesAndMultiProcessTests(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = MultiProcessFirst()
+
         def _split_scope(self, nodeid):
             return xdist_scope(nodeid)
 
