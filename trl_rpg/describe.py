@@ -12,9 +12,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .grpo_fields import GRPO_FIELDS
 from .objectives import DIVERGENCE_TABLE
 from .reward_scale import startup_note
-from .upgrade_guard import GRPO_FIELDS
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def truncated_sampling_warning(args) -> str | None:
 
 
 def ignored_fields_warning(args) -> str | None:
-    """The construction warning for GRPOConfig fields RPG ignores (`upgrade_guard.GRPO_FIELDS`, verdict "ignored")
+    """The construction warning for GRPOConfig fields RPG ignores (`grpo_fields.GRPO_FIELDS`, verdict "ignored")
     set to a value other than their default, naming each with its value and why; None when there is none."""
     defaults = {f.name: f.default for f in dataclasses.fields(args)}
     set_fields = [f"`{name}`={getattr(args, name)!r} ({rule.reason})" for name, rule in GRPO_FIELDS.items()

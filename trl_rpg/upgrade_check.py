@@ -122,7 +122,8 @@ def _rpg_settings(workdir: str, name: str, **overrides) -> dict:
 def _build(trainer_class, args):
     from datasets import Dataset
 
-    from .toy import build_model, build_tokenizer
+    from .toy.model import build_model
+    from .toy.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, hidden_size=16, num_layers=1, num_heads=2, seed=0, intermediate_size=32,
