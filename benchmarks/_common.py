@@ -118,6 +118,17 @@ def write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def save_figure(fig, path: str) -> str:
+    """Lay out ``fig``, write it to ``path`` (its folder made), close it; return ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def _clean(o):
     """NaN/inf -> None (strict JSON), tuples -> lists, recursively."""
     if isinstance(o, float):

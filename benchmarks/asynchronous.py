@@ -50,6 +50,7 @@ from ._common import (
     loadavg,
     machine_info,
     markdown_table,
+    save_figure,
     toy_fingerprint,
     toy_module,
     toy_rl_run,
@@ -395,11 +396,7 @@ def plot(result: dict, path: str) -> str | None:
         ax.set_xticks(list(s.staleness))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):

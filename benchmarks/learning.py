@@ -39,6 +39,7 @@ from ._common import (
     machine_info,
     markdown_table,
     mean_std,
+    save_figure,
     toy_fingerprint,
     toy_module,
     toy_rl_kwargs,
@@ -382,11 +383,7 @@ def plot(result: dict, path: str) -> str | None:
     axes[0].legend(fontsize=8, loc="lower right")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):

@@ -48,6 +48,7 @@ from ._common import (
     machine_info,
     markdown_table,
     mean_std,
+    save_figure,
     toy_fingerprint,
     toy_rl_kwargs,
     toy_rl_run,
@@ -742,11 +743,7 @@ def plot(result: dict, path: str) -> str | None:
     axes[2].set(ylabel="KL(sampler ‖ policy) per training token (k3)",
                 title="Drift reached (mean, bars min–max over seeds; 0 at reuse 1)")
     axes[0].legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from ._common import (
     machine_info,
     markdown_table,
     mean_std,
+    save_figure,
     write_json,
 )
 from .learning import METHODS, RPG_COMMON
@@ -321,11 +322,7 @@ def plot(result: dict, path: str) -> str | None:
         ax.grid(alpha=0.3)
     fig.suptitle(f"SmolLM2-135M-Instruct, LoRA: {s['max_steps']} optimizer steps = {s['generation_batches']} "
                  f"generation batches x {s['reuse']}", fontsize=10)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):
