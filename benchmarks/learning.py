@@ -67,6 +67,9 @@ ABLATIONS: dict[str, dict] = {
                                       "scale_rewards": "group"},
     "RPG-REINFORCE-URKL beta=0": {"trainer": "rpg", "rpg_divergence": "urkl", "rpg_estimator": "reinforce",
                                   "beta": 0.0},
+    # GRPO's k3 without TRL's importance weight (use_bias_correction_kl=False): the paper's contribution iii
+    "GRPO k3 unweighted": {"trainer": "grpo", "loss_type": "grpo", "beta": KL_BETA, "epsilon": 0.2,
+                           "scale_rewards": "group", "use_bias_correction_kl": False},
 }
 DEFAULT_METHODS = tuple(METHODS)
 METHODS.update(ABLATIONS)

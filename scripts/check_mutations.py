@@ -1506,6 +1506,18 @@ MUTATIONS = [
              "    print(path)\n",
              "    pass\n",
              "tests/test_smollm2.py -k prepare_prints"),
+    Mutation("k3 arm: the IS weight dropped", "benchmarks/k3_arms.py",
+             "per_token_kl = per_token_kl * torch.exp(logps - sampling_logps)",
+             "per_token_kl = per_token_kl",
+             "tests/test_k3_arms.py -k closed_form"),
+    Mutation("k3 arm: the log-ratio's sign flipped", "benchmarks/k3_arms.py",
+             "delta = sampling_logps - logps",
+             "delta = logps - sampling_logps",
+             "tests/test_k3_arms.py -k closed_form"),
+    Mutation("k3 arm: the IS weight detached", "benchmarks/k3_arms.py",
+             "per_token_kl * torch.exp(logps - sampling_logps)\n",
+             "per_token_kl * torch.exp(logps - sampling_logps).detach()\n",
+             "tests/test_k3_arms.py -k closed_form"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
