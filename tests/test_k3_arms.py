@@ -75,7 +75,8 @@ def packed_case():
     adv[: len(TRAINED)] = ADVANTAGES
     seg = torch.zeros(LENGTH, dtype=torch.long)
     inputs = {"attention_mask": torch.ones(1, LENGTH, dtype=torch.long), "input_ids": torch.zeros(1, LENGTH),
-              "position_ids": torch.arange(LENGTH)[None], "shift_labels": labels[None], "token_index": token_index[None],
+              "position_ids": torch.arange(LENGTH)[None], "shift_labels": labels[None],
+              "token_index": token_index[None],
               "old_log_probs": old[None], "advantages": adv[None], "segment_id": seg[None],
               "tree_kv_index": torch.zeros(1, 1, dtype=torch.long), "tree_cu_seqlens_q": torch.zeros(1, 1),
               "tree_cu_seqlens_k": torch.zeros(1, 1), "tree_max_seqlens": torch.tensor([[LENGTH, LENGTH]]),
