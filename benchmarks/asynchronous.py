@@ -2,6 +2,8 @@
 
     python -m benchmarks.asynchronous --workers 2   # beta sweep, then 4 methods x staleness {0,2,4,8} x 8 seeds
     python -m benchmarks.asynchronous --quick       # 2 seeds, 24 steps, staleness {0, 4}, beta 0.3, no sweep
+    python -m benchmarks.asynchronous --tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43):
+                                                    # benchmarks/asynchronous_tuned.py
 
 TRL's asynchronous trainer (`trl.experimental.async_grpo.AsyncGRPOTrainer`) trains on samples that a vLLM server drew
 one to several policy versions earlier, with a PPO clip on pi_theta/mu and no KL term. `AsyncRPGTrainer` replaces the
@@ -66,9 +68,13 @@ METHODS: dict[str, dict] = {
     "AsyncRPG-UFKL": {"trainer": "rpg", **RPG_PAPER, "rpg_divergence": "ufkl"},
     # RPG's clip without its KL term: tells the KL term's effect from the clip's
     "AsyncRPG beta=0": {"trainer": "rpg", **RPG_PAPER, "rpg_divergence": "urkl", "beta": 0.0},
+    # AsyncGRPO plus GRPO's k3 towards the sampler, unweighted / IS-weighted (benchmarks/k3_arms.py; the tuned
+    # comparison's arms: `--tuned`)
+    "AsyncGRPO+k3": {"trainer": "k3", "use_bias_correction_kl": False},
+    "AsyncGRPO+k3 IS": {"trainer": "k3", "use_bias_correction_kl": True},
 }
 DEFAULT_METHODS = ("AsyncGRPO", "AsyncRPG-URKL", "AsyncRPG-UFKL", "AsyncRPG beta=0")
-_LOGGED = ("kl", "ratio", "entropy", "grad_norm", "clip_ratio/", "rpg/", "sample/staleness_mean",
+_LOGGED = ("kl", "ratio", "entropy", "grad_norm", "clip_ratio/", "rpg/", "k3/", "sample/staleness_mean",
            "sample/dropped_stale_total")
 
 
@@ -107,24 +113,29 @@ QUICK = Settings(seeds=(0, 1), staleness=(0, 4), max_steps=24, eval_problems=128
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run_config(s: Settings, method: str, staleness: int, seed: int, beta: float | None):
-    """(trainer kind, config) of one run."""
+def run_config(s: Settings, method: str, staleness: int, seed: int, beta: float | None,
+               learning_rate: float | None = None):
+    """(trainer kind, config) of one run (`learning_rate`: the settings' when None)."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from trl_rpg import AsyncRPGConfig
 
+    from .k3_arms import AsyncGRPOWithK3Config
+
     spec = dict(METHODS[method])
     kind = spec.pop("trainer")
-    if kind == "rpg" and "beta" not in spec:
+    if kind in ("rpg", "k3") and "beta" not in spec:
         spec["beta"] = beta
-    out = os.path.join(s.output_dir, f"{method}-s{staleness}-seed{seed}".replace(" ", "_").replace("=", ""))
-    args = dict(output_dir=out, seed=seed, data_seed=seed, max_steps=s.max_steps, learning_rate=s.learning_rate,
+    lr = s.learning_rate if learning_rate is None else learning_rate
+    out = os.path.join(s.output_dir, f"{method}-s{staleness}-seed{seed}-lr{lr:g}-b{beta}".replace(" ", "_")
+                       .replace("=", "").replace("+", "plus"))
+    args = dict(output_dir=out, seed=seed, data_seed=seed, max_steps=s.max_steps, learning_rate=lr,
                 per_device_train_batch_size=s.per_device_train_batch_size, num_generations=s.num_generations,
                 max_completion_length=s.max_completion_length or toy_module(s).MAX_COMPLETION_LENGTH,
                 temperature=s.temperature, gradient_accumulation_steps=1, max_staleness=staleness, token_budget=0,
                 use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
                 dataloader_num_workers=0, log_level="error", gradient_checkpointing=False, **spec)
-    return kind, (AsyncRPGConfig if kind == "rpg" else AsyncGRPOConfig)(**args)
+    return kind, {"rpg": AsyncRPGConfig, "k3": AsyncGRPOWithK3Config, "grpo": AsyncGRPOConfig}[kind](**args)
 
 
 def _factory(kind: str, staleness: int, seed: int, groups_per_call: int):
@@ -135,11 +146,13 @@ def _factory(kind: str, staleness: int, seed: int, groups_per_call: int):
         from trl_rpg import AsyncRPGTrainer
         from trl_rpg.toy.async_rollouts import StaleRolloutWorker
 
+        from .k3_arms import AsyncGRPOWithK3Trainer
+
         worker = StaleRolloutWorker(model, train_dataset, reward_funcs, processing_class,
                                     num_generations=args.num_generations,
                                     max_completion_length=args.max_completion_length, temperature=args.temperature,
                                     staleness=staleness, seed=seed, groups_per_call=groups_per_call)
-        cls = AsyncRPGTrainer if kind == "rpg" else AsyncGRPOTrainer
+        cls = {"rpg": AsyncRPGTrainer, "k3": AsyncGRPOWithK3Trainer, "grpo": AsyncGRPOTrainer}[kind]
         return cls(model, reward_funcs, args, train_dataset, processing_class, callbacks=callbacks,
                    rollout_worker=worker, weight_transfer=worker)
     return make
@@ -157,27 +170,29 @@ def standard_attention(model):
         model.set_attn_implementation(TREE_ATTENTION)
 
 
-def train_one(s: Settings, method: str, staleness: int, seed: int, beta: float | None, phase: str) -> dict:
+def train_one(s: Settings, method: str, staleness: int, seed: int, beta: float | None, phase: str,
+              learning_rate: float | None = None) -> dict:
     """Train `method` at `staleness` from the seed's SFT checkpoint; return the accuracy curve and the logged drift."""
     init_worker()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl_rpg._compat import async_trainer_on_cpu
     from trl_rpg.toy.async_rollouts import VarlenAttention
 
-    kind, config = run_config(s, method, staleness, seed, beta)
+    kind, config = run_config(s, method, staleness, seed, beta, learning_rate)
     factory = _factory(kind, staleness, seed, s.per_device_train_batch_size // s.num_generations)
     with async_trainer_on_cpu(VarlenAttention):
         r = toy_rl_run(s, seed, factory, config, s.eval_every, log_keys=_LOGGED,
                        evaluation_context=standard_attention)
     means = {}
     for key in ("kl", "ratio", "clip_ratio/region_mean", "rpg/divergence", "rpg/w_max", "rpg/clip_frac_dual",
-                "sample/staleness_mean", "entropy"):
+                "sample/staleness_mean", "entropy", "k3/term"):
         values = [row[key] for row in r["logs"] if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
         if values:
             means[key] = round(max(values) if key == "rpg/w_max" else statistics.fmean(values), 6)
     dropped = sum(row.get("sample/dropped_stale_total", 0) for row in r["logs"])
     return {"phase": phase, "method": method, "staleness": staleness, "seed": seed, "job_beta": beta,
-            "beta": getattr(config, "beta", None), "accuracy": r["accuracy"], "steps": r["steps"],
+            "beta": getattr(config, "beta", None), "learning_rate": config.learning_rate, "accuracy": r["accuracy"],
+            "steps": r["steps"],
             "samples": r["samples"], "prompt_digest": r["prompt_digest"], "start": r["start"], "dropped": dropped,
             "train_s": r["train_s"], "eval_s": r["eval_s"], "log_means": means}
 
@@ -400,11 +415,16 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--tuned" in argv:  # the tuned comparison (issue 43): benchmarks/asynchronous_tuned.py
+        from .asynchronous_tuned import main as tuned_main
+
+        return tuned_main([a for a in argv if a != "--tuned"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 seeds, 24 steps, staleness 0 and 4, beta 0.3")
     p.add_argument("--seeds", type=int, nargs="+")
-    p.add_argument("--methods", nargs="+", choices=list(METHODS))
+    p.add_argument("--methods", nargs="+", choices=[m for m in METHODS if METHODS[m]["trainer"] != "k3"])
     p.add_argument("--staleness", type=int, nargs="+")
     p.add_argument("--max-steps", type=int)
     p.add_argument("--learning-rate", type=float, help="constant learning rate (default 3e-4)")

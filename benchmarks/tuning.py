@@ -206,6 +206,7 @@ def grid_markdown(states: dict) -> str:
                          "chosen" if s == state["best"] else ""])
         why = {None: "best inside the grid", "budget": "budget reached with the best on an edge",
                "diverged": "every setting diverged"}[state.get("stopped_by")]
+        why = why if state.get("finished") else f"unfinished ({len(state.get('pending', [])) or 'some'} pending)"
         edge = state.get("edge")
         ends.append([m, state["runs"], len(state["extensions"]), why + (f" ({edge['axis']} {edge['side']})"
                                                                         if edge else "")])
@@ -225,6 +226,8 @@ def plot_sensitivity(states: dict, path: str, title: str) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (m, state) in enumerate(states.items()):
+        if not state.get("finished"):
+            continue
         pts = [(lr, s) for lr, s in sensitivity(state) if s is not None]
         if not pts:
             continue

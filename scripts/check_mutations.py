@@ -1538,6 +1538,18 @@ MUTATIONS = [
              "elif c[\"mean\"] - c[\"half_width\"] <= 0 <= c[\"mean\"] + c[\"half_width\"]:",
              "elif c[\"mean\"] <= 0:",
              "tests/test_tuning.py -k no_detectable_difference"),
+    Mutation("tuned async: reported on the tuning seeds", "benchmarks/asynchronous_tuned.py",
+             "for seed in s.reported_seeds for st in s.staleness for m in s.methods]",
+             "for seed in s.tuning_seeds for st in s.staleness for m in s.methods]",
+             "tests/test_tuning_async.py -k reported_on_other_seeds"),
+    Mutation("tuned async: a resumed run repeats finished runs", "benchmarks/asynchronous_tuned.py",
+             "                if _key(phase, m, st, seed, setting) not in done]",
+             "                ]",
+             "tests/test_tuning_async.py -k interrupted_run_resumes"),
+    Mutation("tuned async: the regime found where the baseline gains", "benchmarks/asynchronous_tuned.py",
+             "-diff[\"mean\"] >= s.regime_drop",
+             "diff[\"mean\"] >= s.regime_drop",
+             "tests/test_tuning_async.py -k reported_on_other_seeds"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

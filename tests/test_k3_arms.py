@@ -129,7 +129,6 @@ def test_the_closed_forms_are_the_derivatives_of_trls_k3():
 
 
 def test_beta_zero_is_async_grpos_loss_and_bad_fields_are_named():
-    logits, labels, inputs = packed_case()
     assert loss_gradient(0.0, True).abs().sum() > 0  # TRL's PPO term alone
     with pytest.raises(ValueError, match="beta must be a finite number >= 0"):
         k3_arms.AsyncGRPOWithK3Config(output_dir="/tmp/unused", beta=-1.0)
