@@ -31,7 +31,7 @@ def made_up_run(s, method, staleness, seed, setting, phase):
 
 @pytest.fixture
 def settings(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "build_checkpoint", lambda s, seed: {"seed": seed})
+    monkeypatch.setattr(bench.tuned, "build_checkpoint", lambda s, seed: {"seed": seed})
     return dataclasses.replace(bench.FULL, methods=("AsyncGRPO", "AsyncRPG-URKL", "AsyncGRPO+k3 IS"),
                                staleness=(0, 8), find_regime=True, regime_staleness=(16, 32, 64), workers=1,
                                cache_dir=str(tmp_path / "toy"), output_dir=str(tmp_path / "runs"))
