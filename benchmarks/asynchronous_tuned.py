@@ -26,16 +26,14 @@ every setting in tuning and 0 in the report (its model is no longer trainable).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass
 
 from . import asynchronous as bench
 from . import tuned, tuning
-from ._common import CACHE_DIR, default_results_path, toy_fingerprint, write_json
+from ._common import CACHE_DIR, toy_fingerprint
 
 ARMS = ("AsyncGRPO", "AsyncGRPO+k3", "AsyncGRPO+k3 IS", "AsyncRPG-URKL", "AsyncRPG-UFKL", "AsyncRPG beta=0")
 BASELINE = "AsyncGRPO"
@@ -145,50 +143,16 @@ def markdown(result: dict) -> str:
 def plot(result: dict, path: str) -> str | None:
     return tuned.plot(DESIGN, settings_from_dict(result["settings"]), result["summary"], path)
 
+HEADING = "Asynchronous rollouts, tuned"
+
+
+def sensitivity_title(s: TunedSettings) -> str:
+    return f"Asynchronous toy, staleness {s.tune_staleness}: accuracy against the step size"
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False, prog="python -m benchmarks.asynchronous --tuned")
-    p.add_argument("--quick", action="store_true", help="smoke: 2 steps, 1 tuning and 1 reported seed, tiny grids")
-    p.add_argument("--find-regime", action="store_true", help="also the tuned AsyncGRPO at staleness 16, 32, 64")
-    p.add_argument("--workers", type=int)
-    p.add_argument("--output", help="JSON path (default benchmarks/results/asynchronous_tuned.json)")
-    p.add_argument("--resume", metavar="JSON", help="continue a results file with its settings")
-    p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plots of a results file")
-    a = p.parse_args(argv)
-    if a.summarize or a.resume:
-        json_path = a.summarize or a.resume
-        with open(json_path) as f:
-            previous = json.load(f)
-        s = settings_from_dict(previous["settings"])
-        if a.workers:
-            s.workers = a.workers
-        if a.summarize:
-            result = {**previous, "summary": summarize(s, previous)}
-        else:
-            result = run(s, json_path=json_path, previous=previous)
-    else:
-        s = dataclasses.replace(QUICK if a.quick else FULL)
-        if a.find_regime:
-            s.find_regime = True
-        if a.workers:
-            s.workers = a.workers
-        try:
-            check_settings(s)
-        except ValueError as error:
-            p.error(str(error))
-        json_path = a.output or default_results_path("asynchronous_tuned", a.quick)
-        result = run(s, json_path=json_path)
-    base = os.path.splitext(json_path)[0]
-    png = plot(result, base + ".png")
-    sens = tuning.plot_sensitivity(result["summary"]["tuning"], base + "_sensitivity.png",
-                                   f"Asynchronous toy, staleness {s.tune_staleness}: accuracy against the step size")
-    write_json(json_path, result)
-    m = result["machine"]
-    print(f"\n## Asynchronous rollouts, tuned ({m['date_utc']}, commit {m.get('git_commit')}"
-          f"{' + local changes' if m.get('git_dirty') else ''})\ncommand: `{m['command']}`; {m.get('nproc')} cores, "
-          f"wall {result.get('wall_s', 0):.0f}s, load at start {m.get('loadavg_start')}, at end "
-          f"{result.get('loadavg_end')}\n\n{markdown(result)}\n\nJSON: {json_path}\nplots: {png}, {sens}")
-    return result
+    return tuned.cli(sys.modules[__name__], argv, "python -m benchmarks.asynchronous --tuned",
+                     "also the tuned AsyncGRPO at staleness 16, 32, 64 against its fresh run")
 
 
 if __name__ == "__main__":

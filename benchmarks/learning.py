@@ -3,6 +3,8 @@ miniature).
 
     python -m benchmarks.learning            # full: 6 methods x 10 seeds x 100 steps (20-35 min on 2 CPU cores)
     python -m benchmarks.learning --quick    # 6 methods x 2 seeds x 16 steps (under 5 min)
+    python -m benchmarks.learning --tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43):
+                                             # benchmarks/learning_tuned.py
 
 Every method starts, for a given seed, from the *same* briefly supervised tiny Qwen2 model
 (``trl_rpg.toy.build_toy_model``, built once per seed and cached under ``benchmarks/.cache``), trains on the same
@@ -137,7 +139,8 @@ def effective_rl_args(s: Settings) -> dict:
     return args
 
 
-def _config(s: Settings, method: str, seed: int, out: str):
+def _config(s: Settings, method: str, seed: int, out: str, overrides: dict | None = None):
+    """(trainer kind, config) of one run; `overrides` (e.g. a tuned learning rate and beta) win over the method's."""
     from trl import GRPOConfig
 
     from trl_rpg import RPGConfig
@@ -145,8 +148,9 @@ def _config(s: Settings, method: str, seed: int, out: str):
     spec = dict(METHODS[method])
     trainer = spec.pop("trainer")
     if trainer == "rpg":
-        return trainer, RPGConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps, {**RPG_COMMON, **spec}))
-    return trainer, GRPOConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps, spec))
+        return trainer, RPGConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps,
+                                                  {**RPG_COMMON, **spec, **(overrides or {})}))
+    return trainer, GRPOConfig(**toy_rl_kwargs(s, seed, out, s.reuse, s.max_steps, {**spec, **(overrides or {})}))
 
 
 # What each run keeps of the trainers' logs (RPG: rpg/*; GRPO: the k3 KL; TRL: clip_ratio/*); "/" = prefix.
@@ -154,14 +158,16 @@ _LOGGED = ("rpg/", "loss", "kl", "entropy", "grad_norm", "clip_ratio/region_mean
            "clip_ratio/low_mean")
 
 
-def train_one(s: Settings, method: str, seed: int) -> dict:
+def train_one(s: Settings, method: str, seed: int, overrides: dict | None = None) -> dict:
     """Train ``method`` from the seed's SFT checkpoint; return accuracy and reward curves."""
     init_worker()
     from trl import GRPOTrainer
 
     from trl_rpg import RPGTrainer
 
-    kind, config = _config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}"))
+    tag = "".join(f"-{k}{v:g}" for k, v in sorted((overrides or {}).items())) + (
+        f"-reuse{s.reuse}" if overrides else "")
+    kind, config = _config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}{tag}"), overrides)
     r = toy_rl_run(s, seed, RPGTrainer if kind == "rpg" else GRPOTrainer, config, s.eval_every, log_keys=_LOGGED)
     return {"method": method, "seed": seed, "accuracy": r["accuracy"], "rewards": r["rewards"],
             "train_s": r["train_s"], "total_s": r["total_s"], "samples": r["samples"], "steps": r["steps"],
@@ -390,6 +396,11 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--tuned" in argv:  # the tuned comparison (issue 43): benchmarks/learning_tuned.py
+        from .learning_tuned import main as tuned_main
+
+        return tuned_main([a for a in argv if a != "--tuned"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     p.add_argument("--quick", action="store_true", help="2 seeds, 4 generation batches (< 5 min)")

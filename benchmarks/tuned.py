@@ -23,6 +23,7 @@ from ._common import (
     WorkerPool,
     build_checkpoint,
     ci95,
+    default_results_path,
     fmt,
     freeze_toy,
     loadavg,
@@ -254,3 +255,57 @@ def plot(d: Design, s, summary: dict, path: str) -> str | None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def cli(module, argv, prog: str, regime_help: str):
+    """The command line of a tuned comparison: `module` (asynchronous_tuned, learning_tuned) gives `DESIGN`, `FULL`,
+    `QUICK`, `HEADING`, `check_settings`, `run`, `summarize`, `settings_from_dict`, `markdown`, `plot` and
+    `sensitivity_title(s)`."""
+    import argparse
+    import dataclasses
+    import json
+
+    d = module.DESIGN
+    p = argparse.ArgumentParser(description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False, prog=prog)
+    p.add_argument("--quick", action="store_true", help="smoke: 2 steps, 1 tuning and 1 reported seed, tiny grids")
+    p.add_argument("--find-regime", action="store_true", help=regime_help)
+    p.add_argument("--workers", type=int)
+    p.add_argument("--output", help=f"JSON path (default benchmarks/results/{d.name}.json)")
+    p.add_argument("--resume", metavar="JSON", help="continue a results file with its settings")
+    p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plots of a results file")
+    a = p.parse_args(argv)
+    if a.summarize or a.resume:
+        json_path = a.summarize or a.resume
+        with open(json_path) as f:
+            previous = json.load(f)
+        s = module.settings_from_dict(previous["settings"])
+        if a.workers:
+            s.workers = a.workers
+        if a.summarize:
+            result = {**previous, "summary": module.summarize(s, previous)}
+        else:
+            result = module.run(s, json_path=json_path, previous=previous)
+    else:
+        s = dataclasses.replace(module.QUICK if a.quick else module.FULL)
+        if a.find_regime:
+            s.find_regime = True
+        if a.workers:
+            s.workers = a.workers
+        try:
+            module.check_settings(s)
+        except ValueError as error:
+            p.error(str(error))
+        json_path = a.output or default_results_path(d.name, a.quick)
+        result = module.run(s, json_path=json_path)
+    base = os.path.splitext(json_path)[0]
+    png = module.plot(result, base + ".png")
+    sens = tuning.plot_sensitivity(result["summary"]["tuning"], base + "_sensitivity.png",
+                                   module.sensitivity_title(s))
+    write_json(json_path, result)
+    m = result["machine"]
+    print(f"\n## {module.HEADING} ({m.get('date_utc')}, commit {m.get('git_commit')}"
+          f"{' + local changes' if m.get('git_dirty') else ''})\ncommand: `{m.get('command')}`; {m.get('nproc')} "
+          f"cores, wall {result.get('wall_s', 0):.0f}s, load at start {m.get('loadavg_start')}, at end "
+          f"{result.get('loadavg_end')}\n\n{module.markdown(result)}\n\nJSON: {json_path}\nplots: {png}, {sens}")
+    return result

@@ -134,7 +134,7 @@ def test_quick_writes_outside_the_committed_results(quick, monkeypatch):
     def written(path, obj):
         raise Written(os.path.abspath(path))
 
-    monkeypatch.setattr(bench, "write_json", written)
+    monkeypatch.setattr(bench.tuned, "write_json", written)
     monkeypatch.setattr(bench, "run", lambda *a, **k: {"machine": {}, "summary": {"tuning": {}}})
     monkeypatch.setattr(bench, "plot", lambda *a: None)
     monkeypatch.setattr(bench.tuning, "plot_sensitivity", lambda *a: None)
