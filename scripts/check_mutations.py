@@ -1550,6 +1550,14 @@ MUTATIONS = [
              "-diff[\"mean\"] >= s.regime_drop",
              "diff[\"mean\"] >= s.regime_drop",
              "tests/test_tuning_async.py -k reported_on_other_seeds"),
+    Mutation("tuned learning: a higher reuse trains on more samples", "benchmarks/learning_tuned.py",
+             "return dataclasses.replace(s, reuse=reuse, generation_batches=s.steps // reuse)",
+             "return dataclasses.replace(s, reuse=reuse, generation_batches=s.steps)",
+             "tests/test_tuning_learning.py -k same_steps_and_samples"),
+    Mutation("tuned learning: the tuned beta does not reach the trainer", "benchmarks/learning.py",
+             "{**spec, **(overrides or {})}))",
+             "{**(overrides or {}), **spec}))",
+             "tests/test_tuning_learning.py -k reaches_the_trainers_config"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
