@@ -1506,6 +1506,26 @@ MUTATIONS = [
              "    print(path)\n",
              "    pass\n",
              "tests/test_smollm2.py -k prepare_prints"),
+    # issue 44 (run guarantees of the async trainer): TRL's async fields checked (async_checks), one writer per
+    # output_dir, Hub uploads read, verified resume
+    Mutation("async checks: max_staleness -1 accepted (every sample dropped, a hang)", "trl_rpg/async_checks.py",
+             "args.max_staleness < 0:",
+             "args.max_staleness < -1:",
+             "tests/test_async_config_checks.py -k refused_naming"),
+    Mutation("async checks: a NaN timeout accepted (a hung worker never seen)", "trl_rpg/async_checks.py",
+             "        if not _finite(value) or value <= 0:\n            refuse(config_name, name, value,\n"
+             "                   \"it must be a finite number of seconds",
+             "        if value <= 0:\n            refuse(config_name, name, value,\n"
+             "                   \"it must be a finite number of seconds",
+             "tests/test_async_config_checks.py -k refused_naming"),
+    Mutation("async checks: max_steps=0 accepted (trains the epochs)", "trl_rpg/async_checks.py",
+             "or args.max_steps == 0:",
+             "or args.max_steps == -999:",
+             "tests/test_async_config_checks.py -k refused_naming"),
+    Mutation("async checks: a config changed after it was built not checked again", "trl_rpg/async_config.py",
+             "        check_async_fields(args, \"AsyncRPGConfig\")\n        return args",
+             "        return args",
+             "tests/test_async_config_checks.py -k upgraded"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
@@ -1542,27 +1562,7 @@ def main(argv=None) -> int:
                            capture_output=True, text=True).stdout.strip()
     if dirty:
         raise SystemExit(f"check_mutations: commit or stash the changes to these files first:\n{dirty}")
-    survived = [    # issue 44 (run guarantees of the async trainer): TRL's async fields checked (async_checks), one writer per
-    # output_dir, Hub uploads read, verified resume
-    Mutation("async checks: max_staleness -1 accepted (every sample dropped, a hang)", "trl_rpg/async_checks.py",
-             "args.max_staleness < 0:",
-             "args.max_staleness < -1:",
-             "tests/test_async_config_checks.py -k refused_naming"),
-    Mutation("async checks: a NaN timeout accepted (a hung worker never seen)", "trl_rpg/async_checks.py",
-             "        if not _finite(value) or value <= 0:\n            refuse(config_name, name, value,\n"
-             "                   \"it must be a finite number of seconds",
-             "        if value <= 0:\n            refuse(config_name, name, value,\n"
-             "                   \"it must be a finite number of seconds",
-             "tests/test_async_config_checks.py -k refused_naming"),
-    Mutation("async checks: max_steps=0 accepted (trains the epochs)", "trl_rpg/async_checks.py",
-             "or args.max_steps == 0:",
-             "or args.max_steps == -999:",
-             "tests/test_async_config_checks.py -k refused_naming"),
-    Mutation("async checks: a config changed after it was built not checked again", "trl_rpg/async_config.py",
-             "        check_async_fields(args, \"AsyncRPGConfig\")\n        return args",
-             "        return args",
-             "tests/test_async_config_checks.py -k upgraded"),
-]
+    survived = []
     for m in chosen:
         caught, failed, seconds = run(m)
         print(f"{'caught  ' if caught else 'SURVIVED'} {m.name} ({seconds:.0f} s){': ' + failed if failed else ''}",
