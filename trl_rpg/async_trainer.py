@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card
+from . import _compat, async_upgrade_guard, checkpoint, checkpointing, gradient_guard, learning_signal, model_card
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -116,18 +116,21 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         return grad_norm
 
     def train(self, *positional, **kwargs):
-        # Override: a user who swapped the import sees what this run optimises, and whether it learned from rewards.
-        if self.is_world_process_zero():
-            logger.warning(describe_async_objective(self.args))
-        self.batches_with_signal = 0
-        output = super().train(*positional, **kwargs)
-        error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
-        output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
-        if error:
-            output.metrics[learning_signal.TRAINED_ON_NOTHING_REASON] = error
+        # Override: one writer per output_dir (RPGTrainer's lock, held for the run); a user who swapped the import sees
+        # what this run optimises, and whether it learned from rewards.
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,
+                                        checkpointing.gather_all(self.accelerator)):
             if self.is_world_process_zero():
-                logger.warning(error)
-        return output
+                logger.warning(describe_async_objective(self.args))
+            self.batches_with_signal = 0
+            output = super().train(*positional, **kwargs)
+            error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
+            output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
+            if error:
+                output.metrics[learning_signal.TRAINED_ON_NOTHING_REASON] = error
+                if self.is_world_process_zero():
+                    logger.warning(error)
+            return output
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         # Override: RPG's card (what TRL's carries, plus the RPG settings), as RPGTrainer writes it.
