@@ -1526,6 +1526,10 @@ MUTATIONS = [
              "        check_async_fields(args, \"AsyncRPGConfig\")\n        return args",
              "        return args",
              "tests/test_async_config_checks.py -k upgraded"),
+    Mutation("async: no output_dir lock (two runs write one folder)", "trl_rpg/async_trainer.py",
+             "        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,",
+             "        with checkpoint.output_dir_lock(self.args.output_dir, False,",
+             "tests/test_async_run_guarantees.py -k another_live_run"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
