@@ -58,6 +58,7 @@ BAD = [  # (field, bad value, words the message must hold besides the field)
     ("weight_sync_timeout", INF, "waits for ever"),
     ("heartbeat_stale_after_s", NAN, "never seen"),
     ("heartbeat_stale_after_s", -1.0, "finite number of seconds > 0"),
+    ("rpg_hub_upload_timeout", NAN, "finite number of seconds > 0, or None"),
     ("learning_rate", NAN, "finite number >= 0"),  # the optimizer settings, as RPGConfig refuses them
     ("weight_decay", -0.1, "finite number >= 0"),
     ("adam_epsilon", 0.0, "0 / 0 = NaN"),
@@ -107,6 +108,7 @@ GOOD = [  # TRL's defaults are in every config built here; these are the edges a
     dict(token_budget=4096), dict(fork_threshold_tokens=0), dict(max_tool_calling_iterations=0),
     dict(num_completions_to_print=0), dict(vllm_server_timeout=0.5), dict(request_timeout=1),
     dict(heartbeat_stale_after_s=1e-3), dict(weight_sync_timeout=10**6),
+    dict(rpg_hub_upload_timeout=None), dict(rpg_hub_upload_timeout=1.5),
 ]
 
 

@@ -1,11 +1,17 @@
 """The run guarantees RPGTrainer gives, in AsyncRPGTrainer (issue 44), on CPU with the stand-in rollout worker
-(`trl_rpg.toy.async_rollouts`): one writer per output_dir (the same lock, `checkpoint.output_dir_lock`)."""
+(`trl_rpg.toy.async_rollouts`): one writer per output_dir (the same lock, `checkpoint.output_dir_lock`); every Hub
+upload's result read, a failure ending the run in `HubUploadError` with the final model saved (`hub_uploads`); RPG's
+manifest in every checkpoint, verified before a resume reads anything (`checkpoint.resume_checkpoint`)."""
 
+import logging
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
+from _fake_hub import FakeHub, service_unavailable
 from _tiny import length_reward, save_tiny_model
 from datasets import Dataset
 from transformers import AutoTokenizer
@@ -14,7 +20,8 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client (nev
 
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
-from trl_rpg.checkpoint import LOCK_FILE, OutputDirBusy  # noqa: E402
+from trl_rpg.checkpoint import LOCK_FILE, MANIFEST_FILE, CheckpointError, OutputDirBusy, read_manifest  # noqa: E402
+from trl_rpg.hub_uploads import HubUploadError  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
 
 GENERATIONS, BATCH, LENGTH = 4, 8, 6
@@ -87,3 +94,97 @@ def test_another_live_run_holding_the_output_dir_refuses_the_run_before_anything
         trainer.train()  # the lock of a process that is gone is replaced
     assert held == [True, True]
     assert not (out / LOCK_FILE).exists() and (out / "checkpoint-2").is_dir()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Hub uploads: each result read, a failure ends the run in HubUploadError with the final model saved
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_failed_hub_uploads_end_the_run_in_hub_upload_error_with_the_final_model_saved(model_path, tmp_path,
+                                                                                      monkeypatch, caplog):
+    """Every upload answers 503 (the fake Hub): each failure is a warning with its cause, the last checkpoint is
+    pushed once more at the end, and `train()` raises `HubUploadError` naming it; the final model is saved to
+    output_dir and the checkpoint kept locally, complete."""
+    hub = FakeHub(tmp_path).install(monkeypatch)
+    hub.fail = service_unavailable()
+    out = tmp_path / "run"
+    with async_trainer_on_cpu(VarlenAttention):
+        trainer = build(model_path, async_args(out, save_strategy="steps", save_steps=1, push_to_hub=True,
+                                               hub_model_id="me/rpg", hub_strategy="checkpoint"))
+        with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"), \
+                pytest.raises(HubUploadError) as error:
+            trainer.train()
+    message = str(error.value)
+    assert "the last checkpoint of the run, step 2, did not reach the Hub (me/rpg)" in message
+    assert "failed: HfHubHTTPError: 503 Server Error" in message
+    assert message.endswith(f"The final model is saved in {out}.")
+    assert "pushing the last checkpoint" in caplog.text and not hub.commits
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint-2" / MANIFEST_FILE).is_file()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Verified resume: RPG's manifest in every checkpoint, checked before anything is loaded
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_run(model_path, tmp_path_factory):
+    """A two-step run saving after each step: checkpoint-1 and checkpoint-2 (kept pristine; tests copy them)."""
+    out = tmp_path_factory.mktemp("saved") / "out"
+    with async_trainer_on_cpu(VarlenAttention):
+        build(model_path, async_args(out, save_strategy="steps", save_steps=1)).train()
+    return out
+
+
+def copy_run(saved_run, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(saved_run, out)
+    return out
+
+
+def test_every_checkpoint_carries_rpgs_manifest(saved_run):
+    for step in (1, 2):
+        manifest = read_manifest(str(saved_run / f"checkpoint-{step}"))
+        assert manifest["global_step"] == step and "optimizer.pt" in manifest["files"]
+        assert manifest["run"]["rpg_reference"] == "sampling"
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "changed"])
+def test_a_checkpoint_whose_optimizer_is_not_whole_is_refused_before_anything_loads(model_path, saved_run, tmp_path,
+                                                                                    damage):
+    out = copy_run(saved_run, tmp_path)
+    optimizer = out / "checkpoint-2" / "optimizer.pt"
+    if damage == "missing":
+        optimizer.unlink()
+    elif damage == "truncated":
+        optimizer.write_bytes(optimizer.read_bytes()[:100])
+    else:  # the same size, one byte changed
+        data = bytearray(optimizer.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        optimizer.write_bytes(bytes(data))
+    with async_trainer_on_cpu(VarlenAttention):
+        trainer = build(model_path, async_args(out, save_strategy="steps", save_steps=1, max_steps=3))
+        before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+        loads = []
+        trainer._load_from_checkpoint = lambda *a, **kw: loads.append(a)  # nothing may be read from the folder
+        with pytest.raises(CheckpointError, match="optimizer.pt"):
+            trainer.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert not loads and trainer.state.global_step == 0
+    assert all(torch.equal(p, before[name]) for name, p in trainer.model.named_parameters())
+    assert sorted(os.listdir(out)) == ["checkpoint-1", "checkpoint-2"]  # nothing written, the lock released
+
+
+def test_a_whole_checkpoint_resumes_and_a_damaged_newest_is_passed_over(model_path, saved_run, tmp_path, caplog):
+    """`resume_from_checkpoint=True` passes over the damaged newest checkpoint, with a warning naming why, and
+    resumes the complete one before it: the run continues from its step."""
+    out = copy_run(saved_run, tmp_path)
+    (out / "checkpoint-2" / "optimizer.pt").unlink()
+    with async_trainer_on_cpu(VarlenAttention):
+        trainer = build(model_path, async_args(out, save_strategy="steps", save_steps=1, max_steps=3))
+        with caplog.at_level(logging.WARNING):
+            trainer.train(resume_from_checkpoint=True)
+    assert "Not resuming from" in caplog.text and "checkpoint-2" in caplog.text
+    assert "resuming from" in caplog.text and str(out / "checkpoint-1") in caplog.text
+    assert trainer.state.global_step == 3
+    assert read_manifest(str(out / "checkpoint-3"))["global_step"] == 3

@@ -109,7 +109,11 @@ def check_pipeline(args, config_name: str) -> None:
 
 
 def check_timeouts(args, config_name: str) -> None:
-    """Every timeout of `TIMEOUT_FIELDS` a finite number of seconds > 0."""
+    """Every timeout of `TIMEOUT_FIELDS` a finite number of seconds > 0; `rpg_hub_upload_timeout` too, or None."""
+    hub = getattr(args, "rpg_hub_upload_timeout", None)
+    if hub is not None and (not _finite(hub) or hub <= 0):
+        refuse(config_name, "rpg_hub_upload_timeout", hub, "it must be a finite number of seconds > 0, or None (no "
+                                                           "bound)")
     for name in TIMEOUT_FIELDS:
         value = getattr(args, name)
         if not _finite(value) or value <= 0:

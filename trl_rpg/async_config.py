@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from . import grpo_fields
+from . import grpo_fields, hub_uploads
 from .async_checks import check_async_fields
 from .objective_config import (
     beta_field,
@@ -97,6 +97,10 @@ class AsyncRPGConfig(AsyncGRPOConfig):
         rpg_reference (`str`, *optional*, defaults to `"sampling"`):
             The only value: the policy version that sampled each sample. Why no other reference: see
             `REFERENCE_REASON` (docs/asynchronous.md).
+        rpg_hub_upload_timeout (`float` or `None`, *optional*, defaults to `3600`):
+            Seconds the end of training (and `push_to_hub()`, before its own upload) waits for the Hub uploads still
+            running (`push_to_hub=True`); then `train()` raises `trl_rpg.hub_uploads.HubUploadError` naming them.
+            `None`: no bound, as in transformers (`trl_rpg.hub_uploads`), as in `RPGConfig`.
     """
 
     beta: float = beta_field()
@@ -112,6 +116,7 @@ class AsyncRPGConfig(AsyncGRPOConfig):
         "asynchronous trainer does not make: use RPGTrainer for 'initial', 'periodic' or 'adaptive'.",
         choices=["sampling"],
     )
+    rpg_hub_upload_timeout: float | None = config_field(3600.0, hub_uploads.TIMEOUT_HELP)
 
     def __post_init__(self):
         self.epsilon, self.epsilon_high = resolve_clip_widths(self.epsilon, self.epsilon_high)

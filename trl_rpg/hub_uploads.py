@@ -42,6 +42,11 @@ from .checkpoint.layout import MANIFEST_FILE
 logger = logging.getLogger(__name__)
 
 
+#: The help of both configs' `rpg_hub_upload_timeout` (RPGConfig, AsyncRPGConfig).
+TIMEOUT_HELP = ("Seconds the end of training waits for Hub uploads still running before train() fails naming them; "
+                "None: no bound (transformers').")
+
+
 class HubUploadError(RuntimeError):
     """The run's last checkpoint never reached the Hub: its upload failed, or was still running at the bound."""
 
@@ -238,4 +243,4 @@ class HubUploads:
                 return
 
 
-__all__ = ["HubUploadError", "HubUploads", "Upload", "UploadWorker", "upload_checkpoint"]
+__all__ = ["TIMEOUT_HELP", "HubUploadError", "HubUploads", "Upload", "UploadWorker", "upload_checkpoint"]
