@@ -1530,6 +1530,18 @@ MUTATIONS = [
              "        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save,",
              "        with checkpoint.output_dir_lock(self.args.output_dir, False,",
              "tests/test_async_run_guarantees.py -k another_live_run"),
+    Mutation("async: a failed Hub upload ends the run in silence", "trl_rpg/async_trainer.py",
+             "            checkpointing.raise_if_upload_failed(self)  # HubUploadError, the final model saved",
+             "            pass",
+             "tests/test_async_run_guarantees.py -k failed_hub_uploads"),
+    Mutation("async: resume reads a checkpoint without verifying it", "trl_rpg/async_trainer.py",
+             "            resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, acc,",
+             "            _ = checkpointing.resume_or_start(None, self.args, acc,",
+             "tests/test_async_run_guarantees.py -k not_whole"),
+    Mutation("async: checkpoints written without RPG's files and manifest", "trl_rpg/async_trainer.py",
+             "                                      lambda output_dir, run_id: checkpointing.save_async_files(",
+             "                                      lambda output_dir, run_id: None or (lambda *a: None)(",
+             "tests/test_async_run_guarantees.py -k manifest"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
