@@ -1535,7 +1535,8 @@ MUTATIONS = [
              "            pass",
              "tests/test_async_run_guarantees.py -k failed_hub_uploads"),
     Mutation("async: resume reads a checkpoint without verifying it", "trl_rpg/async_trainer.py",
-             "            resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, acc,",
+             "            resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, "
+             "acc,",
              "            _ = checkpointing.resume_or_start(None, self.args, acc,",
              "tests/test_async_run_guarantees.py -k not_whole"),
     Mutation("async: checkpoints written without RPG's files and manifest", "trl_rpg/async_trainer.py",

@@ -45,12 +45,12 @@ def async_args(output_dir, **overrides) -> AsyncRPGConfig:
     return AsyncRPGConfig(**values)
 
 
-def build(model_path, args) -> AsyncRPGTrainer:
+def build(model_path, args, staleness: int = 1) -> AsyncRPGTrainer:
     """An AsyncRPGTrainer with the CPU stand-in as rollout worker and weight transfer (build and train it inside
     `async_trainer_on_cpu(VarlenAttention)`)."""
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     worker = StaleRolloutWorker(model_path, prompts(), length_reward, tokenizer, num_generations=GENERATIONS,
-                                max_completion_length=LENGTH, staleness=1, seed=0,
+                                max_completion_length=LENGTH, staleness=staleness, seed=0,
                                 groups_per_call=BATCH // GENERATIONS)
     return AsyncRPGTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts(),
                            processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker)
@@ -188,3 +188,26 @@ def test_a_whole_checkpoint_resumes_and_a_damaged_newest_is_passed_over(model_pa
     assert "resuming from" in caplog.text and str(out / "checkpoint-1") in caplog.text
     assert trainer.state.global_step == 3
     assert read_manifest(str(out / "checkpoint-3"))["global_step"] == 3
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# docs/asynchronous.md: beta = 0 and no dual clip trains to AsyncGRPO's parameters only with equal clip widths
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_the_default_clip_widths_differ_from_async_grpos(model_path, tmp_path):
+    """`AsyncRPGConfig(beta=0, rpg_dual_clip_c=None)` keeps the paper's epsilon_high 0.28, `AsyncGRPOConfig` a
+    symmetric 0.2: on the same samples (the setting of test_async_trainer's equivalence test, where equal widths give
+    the same parameters) the parameters differ, as docs/asynchronous.md says."""
+    common = dict(max_steps=4, learning_rate=3e-2, gradient_accumulation_steps=2, beta=0.0, rpg_dual_clip_c=None)
+    trained = {}
+    for widths in ({}, dict(epsilon=0.2)):  # the defaults (0.2, 0.28); AsyncGRPOConfig's (0.2, 0.2)
+        args = async_args(tmp_path / str(len(widths)), **common, **widths)
+        assert (args.epsilon, args.epsilon_high) == ((0.2, 0.28) if not widths else (0.2, 0.2))
+        with async_trainer_on_cpu(VarlenAttention):
+            trainer = build(model_path, args, staleness=2)
+            trainer.train()
+        trained[len(widths)] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    difference = max((trained[0][n] - p).abs().max().item() for n, p in trained[1].items())
+    print(f"max parameter difference, default widths vs AsyncGRPO's: {difference:.3f}")
+    assert difference > 1e-2

@@ -63,8 +63,8 @@ ASYNC_FIELDS: dict[str, str] = {
             "vllm_server_timeout", "request_timeout", "weight_sync_timeout", "token_budget", "max_inflight_tasks",
             "max_staleness", "queue_maxsize", "weight_sync_steps", "heartbeat_stale_after_s",
             "num_completions_to_print"),
-    **_same("as in AsyncGRPO, its range checked (async_checks); a truncated sampler never proposes the tokens it cuts, "
-            "which no importance weight corrects (docs/math.md section 4c)", "top_p", "top_k", "min_p"),
+    **_same("as in AsyncGRPO, its range checked (async_checks); a truncated sampler never proposes the tokens it "
+            "cuts, which no importance weight corrects (docs/math.md section 4c)", "top_p", "top_k", "min_p"),
     "epsilon": "the lower width of RPG-Style Clip (0.2, as in AsyncGRPO)",
     "epsilon_high": "0.28, the paper's clip-higher, when neither width is set (AsyncGRPO: `epsilon`); setting only "
                     "`epsilon` gives AsyncGRPO's symmetric region",

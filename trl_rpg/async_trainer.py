@@ -10,9 +10,12 @@ docs/asynchronous.md).
 The trainer is a thin subclass: TRL's rollout pipeline, packing, staleness filter, weight sync, metrics and step
 accounting run unchanged. It overrides `compute_loss` (TRL's forward and bookkeeping run on a recording of the model
 call; RPG's loss replaces TRL's, with TRL's token normalisation and gradient-accumulation scaling), `_get_grad_norm`
-(the non-finite-gradient guard), `train` (the start-up line) and `create_model_card`. What it shares with
-`RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics (`loss`), the guard
-(`gradient_guard`), the start-up line (`describe`), the card (`model_card`).
+(the non-finite-gradient guard), `train` (the start-up line; RPGTrainer's run guarantees: the output_dir lock, a
+verified resume, a failed Hub upload ending the run), `_save_checkpoint`, `_load_optimizer_and_scheduler`,
+`_push_from_checkpoint` and `_finish_current_push` (RPG's manifest, Hub uploads read) and `create_model_card`. What it
+shares with `RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics
+(`loss`), the guard (`gradient_guard`), the checkpoint and Hub glue (`checkpointing`), the start-up line
+(`describe`), the card (`model_card`).
 """
 
 from __future__ import annotations
@@ -125,9 +128,10 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         # whether it learned from rewards.
         acc = self.accelerator
         with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
+            main = self.is_world_process_zero()
             resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, acc,
-                                                                   self._rpg_run_identity, self.is_world_process_zero())
-            if self.is_world_process_zero():
+                                                                   self._rpg_run_identity, main)
+            if main:
                 logger.warning(describe_async_objective(self.args))
             self.batches_with_signal = 0
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
@@ -140,7 +144,7 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
             checkpointing.raise_if_upload_failed(self)  # HubUploadError, the final model saved
             return output
 
-    # --- run guarantees: checkpoints with RPG's manifest, verified before a resume; Hub uploads read (as RPGTrainer) ---
+    # --- run guarantees (as RPGTrainer's): checkpoints with RPG's manifest, verified before a resume; Hub uploads ---
 
     def _rpg_run_identity(self) -> dict:
         """What identifies this run in a checkpoint (`checkpointing.async_run_identity`)."""

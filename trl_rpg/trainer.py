@@ -295,8 +295,8 @@ class RPGTrainer(GRPOTrainer):
         # checkpoint; a run that trained on nothing is told so.
         acc = self.accelerator
         with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
-            resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, acc,
-                                                                   self._rpg_run_identity, self.is_world_process_zero())
+            resume_from_checkpoint = checkpointing.resume_or_start(
+                resume_from_checkpoint, self.args, acc, self._rpg_run_identity, self.is_world_process_zero())
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
                 logger.warning(describe_objective(self.args, self.sampler_logps, precision.precision_clause(
                     self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
