@@ -116,10 +116,12 @@ def test_failed_hub_uploads_end_the_run_in_hub_upload_error_with_the_final_model
                 pytest.raises(HubUploadError) as error:
             trainer.train()
     message = str(error.value)
-    assert "the last checkpoint of the run, step 2, did not reach the Hub (me/rpg)" in message
+    assert message.startswith("AsyncRPGTrainer: the last checkpoint of the run, step 2, did not reach the Hub "
+                              "(me/rpg)")
     assert "failed: HfHubHTTPError: 503 Server Error" in message
     assert message.endswith(f"The final model is saved in {out}.")
-    assert "pushing the last checkpoint" in caplog.text and not hub.commits
+    assert "AsyncRPGTrainer: pushing the last checkpoint" in caplog.text and not hub.commits
+    assert "AsyncRPGTrainer: the Hub upload of" in caplog.text
     assert (out / "model.safetensors").is_file() and (out / "checkpoint-2" / MANIFEST_FILE).is_file()
 
 

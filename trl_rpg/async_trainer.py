@@ -82,7 +82,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         self.skipped_steps = 0
         self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
         # --- run guarantees, as RPGTrainer's (checkpointing): every Hub upload's result read ---
-        self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout)
+        self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout,
+                                              trainer="AsyncRPGTrainer")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its

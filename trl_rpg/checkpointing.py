@@ -103,10 +103,10 @@ def save_checkpoint(trainer, trial, save_trl: Callable[[], None], save_rpg: Call
                                               state.best_model_checkpoint))
 
 
-def hub_uploads(args, main: bool, timeout: float | None) -> HubUploads:
-    """The run's Hub uploads (`hub_uploads.HubUploads`), active on the main process when `args` pushes during
-    training (`push_to_hub`, a `hub_strategy` other than "end")."""
-    return HubUploads(args.push_to_hub and args.hub_strategy != "end" and main, timeout)
+def hub_uploads(args, main: bool, timeout: float | None, trainer: str = "RPGTrainer") -> HubUploads:
+    """The run's Hub uploads (`hub_uploads.HubUploads`, its messages naming `trainer`), active on the main process
+    when `args` pushes during training (`push_to_hub`, a `hub_strategy` other than "end")."""
+    return HubUploads(args.push_to_hub and args.hub_strategy != "end" and main, timeout, trainer)
 
 
 def push_recorded(hub: HubUploads, folder: str, step: int, push: Callable[[str], None]) -> None:
