@@ -7,13 +7,14 @@ TRL checks none of them. What each would do, read from TRL's asynchronous traine
 * `max_steps=0` trains `num_train_epochs` epochs (TRL derives the length from the epochs for any `max_steps <= 0`);
 * `temperature` 0, negative or not finite: TRL's fused LM head divides the logits by it (inf/NaN log-probs);
 * `num_generations` 1: the group std of one reward is NaN, so is every advantage; 0 or negative: no group completes;
-* `max_completion_length` 0: vLLM refuses `max_tokens=0`, and every request is retried;
+* `max_completion_length` 0: vLLM refuses `max_tokens=0`, so every request fails;
 * `top_p`, `top_k`, `min_p`, `repetition_penalty` out of vLLM's ranges: every request fails;
 * `max_staleness` negative: every sample is dropped as stale, for ever (a hang with no output); not an integer: the
   adapter count a LoRA server must hold (`max_staleness + 2`) is not a count;
 * `weight_sync_steps` 0: `global_step % 0` at the first step; `max_inflight_tasks` 0: no request is ever sent;
 * a timeout or `heartbeat_stale_after_s` NaN, negative or 0: NaN never compares greater (a hung worker is never
-  seen), 0 or negative gives up at once; inf waits for ever.
+  seen); 0 or negative gives up at once (the server wait, the heartbeat) or never (aiohttp reads a request timeout
+  <= 0 as none); inf waits for ever.
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def check_timeouts(args, config_name: str) -> None:
         if not _finite(value) or value <= 0:
             refuse(config_name, name, value,
                    "it must be a finite number of seconds > 0: NaN never times out (a hung server or worker is "
-                   "never seen), 0 or a negative one gives up at once, inf waits for ever")
+                   "never seen), 0 or a negative one gives up at once (or, for an HTTP request, never), inf waits "
+                   "for ever")
 
 
 def check_model_settings(args, config_name: str) -> None:
