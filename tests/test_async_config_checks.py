@@ -121,3 +121,15 @@ def test_good_values_are_accepted(values):
 def test_trls_defaults_are_accepted():
     defaults = AsyncGRPOConfig(**BASE)
     assert as_async_rpg_config(defaults, "model").max_staleness == defaults.max_staleness
+
+
+@pytest.mark.parametrize("field,value", [("max_staleness", -1), ("heartbeat_stale_after_s", NAN)])
+def test_the_trainer_refuses_before_any_model_loads(field, value):
+    """A model path that does not exist: the refusal comes first, naming the field (not a failed model load)."""
+    pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client
+    from trl_rpg import AsyncRPGTrainer
+
+    for args in (AsyncGRPOConfig(**BASE, **{field: value}), AsyncRPGConfig(**BASE)):
+        setattr(args, field, value)
+        with pytest.raises(ValueError, match=f"AsyncRPGConfig: `{field}`="):
+            AsyncRPGTrainer("no-such-model-folder", args=args)
