@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from . import grpo_fields
+from . import grpo_fields, hub_uploads
+from .async_checks import check_async_fields
 from .objective_config import (
     beta_field,
     check_objective,
@@ -47,18 +48,23 @@ ASYNC_FIELDS: dict[str, str] = {
             *grpo_fields._TRAINING_ARGUMENTS),
     **_same("transformers' TrainingArguments field, checked as RPGConfig checks it (a setting that writes NaN or inf "
             "into the parameters, or trains no step, is refused)", "learning_rate", "weight_decay", "adam_beta1",
-            "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps"),
+            "adam_beta2", "adam_epsilon", "max_grad_norm", "max_steps", "num_train_epochs",
+            "per_device_train_batch_size", "gradient_accumulation_steps"),
     **_same("transformers' TrainingArguments field, read as transformers and TRL read it (RPGTrainer's bounded "
-            "reward wait and read Hub uploads are not in AsyncRPGTrainer: docs/asynchronous.md)", "ddp_timeout",
-            "push_to_hub", "hub_strategy"),
-    **_same("as in AsyncGRPO", "model_init_kwargs", "dtype", "trust_remote_code", "router_aux_loss_coef",
-            "num_generations", "max_completion_length", "temperature", "repetition_penalty", "chat_template_kwargs",
-            "max_tool_calling_iterations", "fork_threshold_tokens", "vllm_server_base_url", "vllm_server_timeout",
-            "request_timeout", "weight_sync_timeout", "token_budget", "max_inflight_tasks", "max_staleness",
-            "queue_maxsize", "weight_sync_steps", "heartbeat_stale_after_s", "log_completions",
+            "reward wait is not in AsyncRPGTrainer: docs/asynchronous.md)", "ddp_timeout"),
+    **_same("transformers' TrainingArguments field, read as transformers and TRL read it; each upload's result is "
+            "read, a failed one ends train() in HubUploadError (hub_uploads, as in RPGTrainer)", "push_to_hub",
+            "hub_strategy"),
+    **_same("as in AsyncGRPO", "model_init_kwargs", "dtype", "trust_remote_code", "chat_template_kwargs",
+            "vllm_server_base_url", "log_completions"),
+    **_same("as in AsyncGRPO; a value that cannot train is refused when the config is built, naming the field and "
+            "what is allowed (async_checks)", "router_aux_loss_coef", "num_generations", "max_completion_length",
+            "temperature", "repetition_penalty", "max_tool_calling_iterations", "fork_threshold_tokens",
+            "vllm_server_timeout", "request_timeout", "weight_sync_timeout", "token_budget", "max_inflight_tasks",
+            "max_staleness", "queue_maxsize", "weight_sync_steps", "heartbeat_stale_after_s",
             "num_completions_to_print"),
-    **_same("as in AsyncGRPO; a truncated sampler never proposes the tokens it cuts, which no importance weight "
-            "corrects (docs/math.md section 4c)", "top_p", "top_k", "min_p"),
+    **_same("as in AsyncGRPO, its range checked (async_checks); a truncated sampler never proposes the tokens it "
+            "cuts, which no importance weight corrects (docs/math.md section 4c)", "top_p", "top_k", "min_p"),
     "epsilon": "the lower width of RPG-Style Clip (0.2, as in AsyncGRPO)",
     "epsilon_high": "0.28, the paper's clip-higher, when neither width is set (AsyncGRPO: `epsilon`); setting only "
                     "`epsilon` gives AsyncGRPO's symmetric region",
@@ -91,6 +97,10 @@ class AsyncRPGConfig(AsyncGRPOConfig):
         rpg_reference (`str`, *optional*, defaults to `"sampling"`):
             The only value: the policy version that sampled each sample. Why no other reference: see
             `REFERENCE_REASON` (docs/asynchronous.md).
+        rpg_hub_upload_timeout (`float` or `None`, *optional*, defaults to `3600`):
+            Seconds the end of training (and `push_to_hub()`, before its own upload) waits for the Hub uploads still
+            running (`push_to_hub=True`); then `train()` raises `trl_rpg.hub_uploads.HubUploadError` naming them.
+            `None`: no bound, as in transformers (`trl_rpg.hub_uploads`), as in `RPGConfig`.
     """
 
     beta: float = beta_field()
@@ -106,11 +116,13 @@ class AsyncRPGConfig(AsyncGRPOConfig):
         "asynchronous trainer does not make: use RPGTrainer for 'initial', 'periodic' or 'adaptive'.",
         choices=["sampling"],
     )
+    rpg_hub_upload_timeout: float | None = config_field(3600.0, hub_uploads.TIMEOUT_HELP)
 
     def __post_init__(self):
         self.epsilon, self.epsilon_high = resolve_clip_widths(self.epsilon, self.epsilon_high)
         check_objective(self, "AsyncRPGConfig")
         check_optimizer_settings(self)  # settings that write NaN or inf into the parameters (parameter_guard)
+        check_async_fields(self, "AsyncRPGConfig")  # TRL's own async fields: a value that cannot train (async_checks)
         if self.rpg_reference != "sampling":
             refuse("AsyncRPGConfig", "rpg_reference", self.rpg_reference, f"only 'sampling' is offered here: "
                                                                           f"{REFERENCE_REASON}")
@@ -131,6 +143,10 @@ def as_async_rpg_config(args, model) -> AsyncRPGConfig:
     `args=None`, defaults with an output directory named after the model (a path)."""
     if args is None:
         return AsyncRPGConfig(f"{str(model).rstrip('/').split('/')[-1]}-AsyncRPG")
+    if isinstance(args, AsyncRPGConfig):  # again: a field may have been changed since the config was built
+        check_optimizer_settings(args)
+        check_async_fields(args, "AsyncRPGConfig")
+        return args
     if isinstance(args, AsyncGRPOConfig):
         return AsyncRPGConfig.from_async_grpo_config(args)
     raise ValueError(f"`args` must be an AsyncRPGConfig or an AsyncGRPOConfig, got {type(args).__name__} (a "

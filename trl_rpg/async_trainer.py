@@ -10,20 +10,24 @@ docs/asynchronous.md).
 The trainer is a thin subclass: TRL's rollout pipeline, packing, staleness filter, weight sync, metrics and step
 accounting run unchanged. It overrides `compute_loss` (TRL's forward and bookkeeping run on a recording of the model
 call; RPG's loss replaces TRL's, with TRL's token normalisation and gradient-accumulation scaling), `_get_grad_norm`
-(the non-finite-gradient guard), `train` (the start-up line) and `create_model_card`. What it shares with
-`RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics (`loss`), the guard
-(`gradient_guard`), the start-up line (`describe`), the card (`model_card`).
+(the non-finite-gradient guard), `train` (the start-up line; RPGTrainer's run guarantees: the output_dir lock, a
+verified resume, a failed Hub upload ending the run), `_save_checkpoint`, `_load_optimizer_and_scheduler`,
+`_push_from_checkpoint` and `_finish_current_push` (RPG's manifest, Hub uploads read) and `create_model_card`. What it
+shares with `RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics
+(`loss`), the guard (`gradient_guard`), the checkpoint and Hub glue (`checkpointing`), the start-up line
+(`describe`), the card (`model_card`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card
+from . import _compat, async_upgrade_guard, checkpoint, checkpointing, gradient_guard, learning_signal, model_card
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -77,6 +81,9 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
                                          trainer="AsyncRPGTrainer"))
         self.skipped_steps = 0
         self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
+        # --- run guarantees, as RPGTrainer's (checkpointing): every Hub upload's result read ---
+        self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout,
+                                              trainer="AsyncRPGTrainer")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its
@@ -115,19 +122,58 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
                                                           self.skipped_steps))
         return grad_norm
 
-    def train(self, *positional, **kwargs):
-        # Override: a user who swapped the import sees what this run optimises, and whether it learned from rewards.
-        if self.is_world_process_zero():
-            logger.warning(describe_async_objective(self.args))
-        self.batches_with_signal = 0
-        output = super().train(*positional, **kwargs)
-        error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
-        output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
-        if error:
-            output.metrics[learning_signal.TRAINED_ON_NOTHING_REASON] = error
-            if self.is_world_process_zero():
-                logger.warning(error)
-        return output
+    def train(self, resume_from_checkpoint=None, trial=None, **kwargs):
+        # Override: RPGTrainer's run guarantees (one writer per output_dir: the lock held for the run; resume only from
+        # a verified, complete checkpoint; a last checkpoint that never reached the Hub ends the run in
+        # HubUploadError, the final model saved); a user who swapped the import sees what this run optimises, and
+        # whether it learned from rewards.
+        acc = self.accelerator
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
+            main = self.is_world_process_zero()
+            resume_from_checkpoint = checkpointing.resume_or_start(resume_from_checkpoint, self.args, acc,
+                                                                   self._rpg_run_identity, main)
+            if main:
+                logger.warning(describe_async_objective(self.args))
+            self.batches_with_signal = 0
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
+            output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
+            if error:
+                output.metrics[learning_signal.TRAINED_ON_NOTHING_REASON] = error
+                if self.is_world_process_zero():
+                    logger.warning(error)
+            checkpointing.raise_if_upload_failed(self)  # HubUploadError, the final model saved
+            return output
+
+    # --- run guarantees (as RPGTrainer's): checkpoints with RPG's manifest, verified before a resume; Hub uploads ---
+
+    def _rpg_run_identity(self) -> dict:
+        """What identifies this run in a checkpoint (`checkpointing.async_run_identity`)."""
+        return checkpointing.async_run_identity(self.args, self.accelerator, self.model)
+
+    def _save_checkpoint(self, model, trial):
+        # Override: RPGTrainer's save (checkpointing.save_checkpoint): the folder emptied first, TRL's files, then
+        # RPG's state and the manifest; then the Hub upload and RPG's rotation.
+        checkpointing.save_checkpoint(self, trial, functools.partial(super()._save_checkpoint, model, trial),
+                                      lambda output_dir, run_id: checkpointing.save_async_files(
+                                          output_dir, self.args, self.accelerator, self.skipped_steps,
+                                          self.state.global_step, self._rpg_run_identity, run_id))
+
+    def _load_optimizer_and_scheduler(self, resume_from):
+        # Override: RPG's state restored with the optimizer's (the checkpoint was verified in `train`).
+        super()._load_optimizer_and_scheduler(resume_from)
+        if resume_from is not None:
+            self.skipped_steps = checkpointing.restore_async(resume_from)
+
+    def _push_from_checkpoint(self, checkpoint_folder):
+        # Override: transformers' uploads run in RPG's worker, a checkpoint's manifest last, each result read.
+        checkpointing.push_recorded(self._hub, checkpoint_folder, self.state.global_step,
+                                    super()._push_from_checkpoint)
+
+    def _finish_current_push(self):
+        # Override: the final wait is bounded (rpg_hub_upload_timeout); the last checkpoint is pushed again if its
+        # upload failed or was skipped (hub_uploads.HubUploads.finish).
+        self._hub.finish(self._push_from_checkpoint)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         # Override: RPG's card (what TRL's carries, plus the RPG settings), as RPGTrainer writes it.

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from trl import GRPOConfig
 
+from . import hub_uploads
 from .describe import ignored_fields_warning, inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
 from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTHS: importable from here as before)
     MIN_CLIP_WIDTH,
@@ -214,11 +215,7 @@ class RPGConfig(GRPOConfig):
         "Seconds one reward-function call may take before training stops with a TimeoutError naming it; None (the "
         "default, as in TRL): no limit.",
     )
-    rpg_hub_upload_timeout: float | None = _field(
-        3600.0,
-        "Seconds the end of training waits for Hub uploads still running before train() fails naming them; None: no "
-        "bound (transformers').",
-    )
+    rpg_hub_upload_timeout: float | None = _field(3600.0, hub_uploads.TIMEOUT_HELP)
     rpg_require_learning_signal: bool = _field(
         False,
         "A run that trained on nothing (no step with a learning signal): False (default, as GRPOTrainer) returns "

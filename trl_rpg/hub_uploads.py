@@ -42,6 +42,11 @@ from .checkpoint.layout import MANIFEST_FILE
 logger = logging.getLogger(__name__)
 
 
+#: The help of both configs' `rpg_hub_upload_timeout` (RPGConfig, AsyncRPGConfig).
+TIMEOUT_HELP = ("Seconds the end of training waits for Hub uploads still running before train() fails naming them; "
+                "None: no bound (transformers').")
+
+
 class HubUploadError(RuntimeError):
     """The run's last checkpoint never reached the Hub: its upload failed, or was still running at the bound."""
 
@@ -144,10 +149,12 @@ class _Save:
 @dataclass
 class HubUploads:
     """The Hub uploads of one run on the process that pushes (`active`: `push_to_hub`, a `hub_strategy` other than
-    `"end"`, the main process), and the end-of-run wait bounded by `timeout` seconds (None: no bound)."""
+    `"end"`, the main process), and the end-of-run wait bounded by `timeout` seconds (None: no bound); `trainer`
+    names the trainer in its warnings and errors."""
 
     active: bool
     timeout: float | None
+    trainer: str = "RPGTrainer"
     uploads: list[Upload] = field(default_factory=list)
     worker: UploadWorker = field(default_factory=UploadWorker)
     last_save: _Save | None = None
@@ -175,7 +182,7 @@ class HubUploads:
         failed = [u for u in self.uploads if not u.reported and u.failed]
         for upload in failed:
             upload.reported = True
-            logger.warning("RPGTrainer: the Hub upload of %s (step %d) to %s failed: %s. %s", upload.what,
+            logger.warning("%s: the Hub upload of %s (step %d) to %s failed: %s. %s", self.trainer, upload.what,
                            upload.step, upload.repo_id, upload.cause(), "The checkpoint is kept locally; the run "
                            "pushes its last checkpoint again at the end, and fails then if it never reaches the Hub.")
         return failed
@@ -191,8 +198,8 @@ class HubUploads:
             if not mine or any(u.failed for u in mine):
                 self._retried.add(last.step)
                 self.report()
-                logger.warning("RPGTrainer: pushing the last checkpoint (%s) to the Hub at the end of training: %s.",
-                               last.folder, "its upload failed" if mine else "transformers skipped its upload "
+                logger.warning("%s: pushing the last checkpoint (%s) to the Hub at the end of training: %s.",
+                               self.trainer, last.folder, "its upload failed" if mine else "transformers skipped its upload "
                                "while an earlier one was running")
                 push(last.folder)
                 self._wait(deadline)
@@ -222,7 +229,7 @@ class HubUploads:
             what = "; ".join(f"the upload of {u.what} failed: {u.cause()}" for u in failed)
         else:
             what = "it was never uploaded"
-        return (f"RPGTrainer: the last checkpoint of the run, step {last.step}, did not reach the Hub ({repo}): "
+        return (f"{self.trainer}: the last checkpoint of the run, step {last.step}, did not reach the Hub ({repo}): "
                 f"{what}. On the Hub, {holds}. Training itself completed; the checkpoint is kept in {last.folder}: "
                 "push it with `trainer.push_to_hub()` (the model) or `huggingface-cli upload` (the folder).")
 
@@ -238,4 +245,4 @@ class HubUploads:
                 return
 
 
-__all__ = ["HubUploadError", "HubUploads", "Upload", "UploadWorker", "upload_checkpoint"]
+__all__ = ["TIMEOUT_HELP", "HubUploadError", "HubUploads", "Upload", "UploadWorker", "upload_checkpoint"]

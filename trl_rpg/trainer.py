@@ -33,7 +33,6 @@ from . import (
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
 from .describe import describe_objective
-from .hub_uploads import HubUploadError, HubUploads
 from .loss import (
     Aggregation,
     aggregate,
@@ -106,8 +105,7 @@ class RPGTrainer(GRPOTrainer):
         self._rpg_reward_scale = RewardScaleCheck.for_args(args)
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
-        self._hub = HubUploads(args.push_to_hub and args.hub_strategy != "end" and self.is_world_process_zero(),
-                               args.rpg_hub_upload_timeout)
+        self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
 
@@ -297,11 +295,8 @@ class RPGTrainer(GRPOTrainer):
         # checkpoint; a run that trained on nothing is told so.
         acc = self.accelerator
         with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
-            if resume_from_checkpoint is True or isinstance(resume_from_checkpoint, str):
-                resume_from_checkpoint = checkpointing.verified_checkpoint(resume_from_checkpoint, self.args, acc,
-                                                                           self._rpg_run_identity())
-            elif self.is_world_process_zero() and self.args.save_strategy != "no":  # a fresh run: one folder, one run
-                checkpoint.warn_if_other_runs(self.args.output_dir)
+            resume_from_checkpoint = checkpointing.resume_or_start(
+                resume_from_checkpoint, self.args, acc, self._rpg_run_identity, self.is_world_process_zero())
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
                 logger.warning(describe_objective(self.args, self.sampler_logps, precision.precision_clause(
                     self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
@@ -319,10 +314,7 @@ class RPGTrainer(GRPOTrainer):
                 raise learning_signal.NoLearningSignal(learning_signal.verdict_error(error, self.args.output_dir))
             if error and self.is_world_process_zero():
                 logger.warning(learning_signal.verdict_warning(error))
-            hub_error = checkpointing.gather_all(acc)([self._hub.final_error()])[0]  # the main process's
-            if hub_error is not None:
-                self.save_model(self.args.output_dir, _internal_call=True)  # a script's own save never runs
-                raise HubUploadError(f"{hub_error} The final model is saved in {self.args.output_dir}.")
+            checkpointing.raise_if_upload_failed(self)  # HubUploadError, the final model saved
             return output
 
     def _rpg_run_identity(self) -> dict:
@@ -339,36 +331,18 @@ class RPGTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # Override: the folder emptied first; RPG's files and the manifest after TRL's; then rotation (RPG's: this
         # run's checkpoints only) and the Hub upload, so a crash mid-save never leaves a checkpoint that looks
-        # complete, deletes the last complete one, or uploads a checkpoint that cannot be resumed.
-        run_dir = self._get_output_dir(trial=trial)
-        output_dir = os.path.join(run_dir, f"{_compat.PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        run_id = checkpointing.run_id(self.state.stateful_callbacks, self.accelerator)
-        limit, push = self.args.save_total_limit, self.args.push_to_hub
-        # transformers rotates and queues the Hub upload inside its save, before RPG's files and the manifest exist
-        self.args.save_total_limit, self.args.push_to_hub = None, False
-        try:
-            with checkpoint.explain_disk_full(output_dir):
-                if self.args.should_save:
-                    checkpoint.begin_checkpoint(output_dir, self.state.global_step, run_id)
-                self.accelerator.wait_for_everyone()  # no process writes into the folder before it is emptied
-                super()._save_checkpoint(model, trial)
-                checkpointing.save_files(output_dir, self.args, self.accelerator, self.reference, self._step,
-                                         self._buffered_inputs, self.skipped_steps, self.state.global_step,
-                                         self._rpg_run_identity, run_id)
-        finally:
-            self.args.save_total_limit, self.args.push_to_hub = limit, push
-        if push:
-            self._push_from_checkpoint(output_dir)  # transformers' upload, of the complete checkpoint
-        if self.args.should_save:  # after the push: a checkpoint still uploading is kept (hub_uploads)
-            self._hub.rotate(functools.partial(checkpoint.rotate, run_dir, limit, output_dir, run_id,
-                                               self.state.best_model_checkpoint))
+        # complete, deletes the last complete one, or uploads a checkpoint that cannot be resumed (checkpointing).
+        checkpointing.save_checkpoint(self, trial, functools.partial(super()._save_checkpoint, model, trial),
+                                      lambda output_dir, run_id: checkpointing.save_files(
+                                          output_dir, self.args, self.accelerator, self.reference, self._step,
+                                          self._buffered_inputs, self.skipped_steps, self.state.global_step,
+                                          self._rpg_run_identity, run_id))
 
     def _push_from_checkpoint(self, checkpoint_folder):
         # Override: the uploads transformers queues run in RPG's worker, a checkpoint's manifest last in a commit of
         # its own, and each result is read (hub_uploads).
-        with _compat.trainer_hub_api(self._hub.recorder(checkpoint_folder, self.state.global_step)):
-            super()._push_from_checkpoint(checkpoint_folder)
-        self._hub.report()
+        checkpointing.push_recorded(self._hub, checkpoint_folder, self.state.global_step,
+                                    super()._push_from_checkpoint)
 
     def _finish_current_push(self):
         # Override: the final wait is bounded (rpg_hub_upload_timeout); the last checkpoint is pushed if transformers
