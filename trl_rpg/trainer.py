@@ -409,8 +409,9 @@ class RPGTrainer(GRPOTrainer):
         # Override: the final model in output_dir gets RPG's card, as each checkpoint does (without this, a run with
         # save_strategy="no" keeps PEFT's blank card with LoRA, no card with full fine-tuning). Called on its own
         # (not inside train(), which holds it), it takes the folder's lock: another run's lock is an OutputDirBusy.
+        # Each saving process on its own (no collective: a script may call it on the main process only).
         with contextlib.nullcontext() if getattr(self, "_rpg_holds_lock", False) else checkpoint.output_dir_lock(
-                output_dir or self.args.output_dir, self.args.should_save, checkpointing.gather_all(self.accelerator)):
+                output_dir or self.args.output_dir, self.args.should_save, lambda values: values):
             super().save_model(output_dir, _internal_call)
         if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
                 self.args.output_dir):
