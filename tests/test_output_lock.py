@@ -6,6 +6,7 @@ records."""
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,14 +29,20 @@ def other_process():
     process.wait()
 
 
-def plant_lock(folder, pid, **changes):
-    """A lock as the run of process `pid` writes it."""
-    record = {"token": "other-run", "pid": pid, "host": socket.gethostname(), "started": 1.7e9,
-              "process_start": output_lock._process_start(pid), "command": "train.py --output_dir out"}
+def plant_lock(folder, pid, name=f"{LOCK_FILE}.other-run", **changes):
+    """A lock as the run of process `pid` of this machine writes it (its own file, `name`)."""
+    record = {"token": "other-run", "pid": pid, "host": socket.gethostname(), "namespace": output_lock._namespace(),
+              "started": 1.7e9, "process_start": output_lock._process_start(pid),
+              "command": "train.py --output_dir out"}
     record.update(changes)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / LOCK_FILE).write_text(json.dumps(record))
+    (folder / name).write_text(json.dumps(record))
     return record
+
+
+def held_locks(folder):
+    """The records of the lock files in `folder`."""
+    return [output_lock.read_holder(path) for path in output_lock.lock_files(str(folder))]
 
 
 def test_a_second_run_is_refused_naming_the_first_until_it_ends(tmp_path, other_process, caplog):
@@ -50,14 +57,14 @@ def test_a_second_run_is_refused_naming_the_first_until_it_ends(tmp_path, other_
     with caplog.at_level(logging.WARNING):
         lock = output_lock.acquire(str(tmp_path), "this-run")  # the stale lock is replaced, with a warning
     assert f"replacing a stale lock of {tmp_path}: process {other_process.pid}" in caplog.text
-    assert output_lock.read_holder(lock.path)["pid"] == os.getpid()
+    assert [holder["pid"] for holder in held_locks(tmp_path)] == [os.getpid()]
     lock.release()
-    assert not (tmp_path / LOCK_FILE).exists()
+    assert held_locks(tmp_path) == []
 
 
 def test_a_reused_process_id_is_recognised_as_stale(tmp_path, other_process):
     """The process id is alive, but the process started at another time than the lock's: the id was reused."""
-    plant_lock(tmp_path, other_process.pid, process_start=1.0)
+    plant_lock(tmp_path, other_process.pid, process_start=output_lock._process_start(other_process.pid) + 5)
     output_lock.acquire(str(tmp_path), "this-run").release()
 
 
@@ -66,17 +73,20 @@ def test_a_lock_of_another_host_or_not_a_lock_is_refused_saying_what_to_do(tmp_p
     with pytest.raises(OutputDirBusy, match=r"on node-7, .*on another host, which this machine cannot check\. .*If "
                                             r"that run has ended \(a crashed node\), delete .*_rpg_writer\.lock"):
         output_lock.acquire(str(tmp_path), "this-run")
-    (tmp_path / LOCK_FILE).write_text("not json")
+    (tmp_path / f"{LOCK_FILE}.other-run").write_text("not json")
     with pytest.raises(OutputDirBusy, match="that is not a trl-rpg lock record"):
         output_lock.acquire(str(tmp_path), "this-run")
+    assert len(held_locks(tmp_path)) == 1  # the refused run's own file is gone
 
 
 def test_release_leaves_another_runs_lock_and_one_run_shares_its_lock(tmp_path, other_process):
     first = output_lock.acquire(str(tmp_path), "run-a")
-    assert output_lock.acquire(str(tmp_path), "run-a").path == first.path  # another saving process of run-a
-    plant_lock(tmp_path, other_process.pid)  # the lock was taken over (deleted by hand, then another run started)
+    second = output_lock.acquire(str(tmp_path), "run-a")  # another saving process of run-a
+    assert second.path != first.path and len(held_locks(tmp_path)) == 2
+    second.release()
+    plant_lock(tmp_path, other_process.pid, name=os.path.basename(first.path))  # replaced by hand
     first.release()
-    assert output_lock.read_holder(str(tmp_path / LOCK_FILE))["pid"] == other_process.pid
+    assert [holder["pid"] for holder in held_locks(tmp_path)] == [other_process.pid]
 
 
 def test_every_process_of_a_run_refuses_when_one_could_not_take_the_lock(tmp_path, other_process):
@@ -88,7 +98,7 @@ def test_every_process_of_a_run_refuses_when_one_could_not_take_the_lock(tmp_pat
     with pytest.raises(OutputDirBusy, match=f"process {other_process.pid} on h"):
         with output_dir_lock(str(tmp_path / "node0"), True, lambda values: next(answers)):
             pass
-    assert not (tmp_path / "node0" / LOCK_FILE).exists()
+    assert held_locks(tmp_path / "node0") == []
     answers = iter([["main-token", "mine"], [None, None]])
     with output_dir_lock(str(tmp_path / "node1"), False, lambda values: next(answers)) as lock:
         assert lock is None  # a process that does not save takes no lock
@@ -99,7 +109,7 @@ class CrashAtStep1(TrainerCallback):
         raise RuntimeError("crash at step 1")
 
 
-def test_train_holds_the_lock_for_the_run_and_releases_it_however_it_ends(tmp_path, other_process):
+def test_train_and_a_save_model_alone_hold_the_lock_and_release_it_however_they_end(tmp_path, other_process):
     model = save_tiny_model(str(tmp_path / "model"))
     out = tmp_path / "out"
     args = RPGConfig(**cpu_args(out, max_steps=1, save_strategy="steps", save_steps=1, steps_per_generation=2))
@@ -107,20 +117,126 @@ def test_train_holds_the_lock_for_the_run_and_releases_it_however_it_ends(tmp_pa
     plant_lock(out, other_process.pid)
     with pytest.raises(OutputDirBusy, match=f"process {other_process.pid}"):
         trainer.train()  # refused before anything is written
-    assert sorted(os.listdir(out)) == [LOCK_FILE]
-    (out / LOCK_FILE).unlink()
+    with pytest.raises(OutputDirBusy, match=f"process {other_process.pid}"):
+        trainer.save_model()  # a script's own save, outside train(): refused too
+    assert sorted(os.listdir(out)) == [f"{LOCK_FILE}.other-run"]
+    (out / f"{LOCK_FILE}.other-run").unlink()
 
     held = []
 
     class Holds(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
-            held.append(output_lock.read_holder(str(out / LOCK_FILE)))
+            held.append(held_locks(out))
 
     trainer.add_callback(Holds())
     trainer.train()
-    assert held and held[0]["pid"] == os.getpid()  # held while training
-    assert not (out / LOCK_FILE).exists() and (out / "checkpoint-1").is_dir()  # released at the end
+    assert held and [holder["pid"] for holder in held[0]] == [os.getpid()]  # held (once) while training
+    assert held_locks(out) == [] and (out / "checkpoint-1").is_dir()  # released at the end
+    trainer.save_model()
+    assert held_locks(out) == [] and (out / "model.safetensors").is_file()
     trainer.add_callback(CrashAtStep1())
     with pytest.raises(RuntimeError, match="crash at step 1"):
         trainer.train()
-    assert not (out / LOCK_FILE).exists()  # released on an error too
+    assert held_locks(out) == []  # released on an error too
+
+
+def test_a_live_lock_of_another_pid_namespace_is_not_judged_stale(tmp_path):
+    """The holder's process id means another process here (pid 1 of its container is this host's init, alive but
+    started at another time): the lock cannot be checked from here and is refused, never replaced."""
+    plant_lock(tmp_path, 1, namespace="boot x, pid namespace 0:1, time namespace -", process_start=12)
+    with pytest.raises(OutputDirBusy, match=r"process 1 on .*in another container \(PID namespace\) of this host "
+                                            r"or before this machine restarted.*If that run has ended, delete .*"
+                                            r"_rpg_writer\.lock\.other-run"):
+        output_lock.acquire(str(tmp_path), "this-run")
+    plant_lock(tmp_path, 1, namespace=None, process_start=12)  # unknown (a record without it): the same
+    with pytest.raises(OutputDirBusy, match="in another container"):
+        output_lock.acquire(str(tmp_path), "this-run")
+    assert len(held_locks(tmp_path)) == 1
+
+
+LOCK_IN_A_NEW_NAMESPACE = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("lock", sys.argv[1])
+lock = sys.modules["lock"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lock)
+lock.acquire(sys.argv[2], "container-run")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_lock_taken_in_a_real_pid_namespace_is_refused(tmp_path):
+    """Two containers sharing a volume and a hostname: the holder runs as pid 1 of a new PID namespace."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    holder = subprocess.Popen(["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child",
+                               sys.executable, "-c", LOCK_IN_A_NEW_NAMESPACE, output_lock.__file__, str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if holder.stdout.readline().strip() != "held":
+            pytest.skip("new PID namespaces are not permitted here")
+        assert [record["pid"] for record in held_locks(tmp_path)] == [1]
+        with pytest.raises(OutputDirBusy, match="process 1 on .*in another container"):
+            output_lock.acquire(str(tmp_path), "this-run")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_live_process_of_another_user_holds_its_lock(tmp_path, other_process, monkeypatch):
+    """`os.kill(pid, 0)` raises PermissionError for another user's process: it exists."""
+    plant_lock(tmp_path, other_process.pid)
+
+    def kill(pid, signal):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(output_lock.os, "kill", kill)
+    with pytest.raises(OutputDirBusy, match="still running"):
+        output_lock.acquire(str(tmp_path), "this-run")
+
+
+@pytest.mark.parametrize("plant, problem", [
+    (lambda path: path.write_text(json.dumps({"token": "t", "pid": 2 ** 70, "host": "h"})),
+     "its pid, 1180591620717411303424, is not a process id"),
+    (lambda path: path.symlink_to(path.parent / "missing"), "it is a symbolic link"),
+    (lambda path: path.write_text('{"token": "t", "pid": 1'), "it is not a JSON lock record"),
+    (lambda path: path.write_text("[" * 30_000 + "]" * 30_000), "it is not a JSON lock record"),
+    (lambda path: os.mkfifo(path), "it is not a regular file"),
+    (lambda path: path.mkdir(), "it is not a regular file"),
+    (lambda path: path.write_text(json.dumps({"token": "t", "pid": True, "host": "h"})), "its pid, True, is not"),
+])
+def test_an_odd_lock_file_is_a_clear_error_naming_it(tmp_path, plant, problem):
+    plant(tmp_path / LOCK_FILE)
+    with pytest.raises(OutputDirBusy) as error:
+        output_lock.acquire(str(tmp_path), "this-run")  # no hang on a FIFO, no OverflowError, no RecursionError
+    assert f"holds a lock file, {tmp_path / LOCK_FILE}, that is not a trl-rpg lock record ({problem}" in \
+        str(error.value)
+    assert "If none is, delete that file; or choose another output_dir." in str(error.value)
+
+
+def test_a_stale_lock_replaced_while_another_run_starts_is_held_by_one_run_only(tmp_path, other_process,
+                                                                               monkeypatch):
+    """Run A pauses after judging the stale lock gone; meanwhile run B starts, whole. One of them holds the folder."""
+    other_process.kill()
+    other_process.wait()
+    plant_lock(tmp_path, other_process.pid)  # stale
+    judge, outcomes = output_lock.holder_running, []
+
+    def pausing(holder):
+        verdict = judge(holder)
+        if not outcomes:  # A's pause: B starts and runs its whole acquire
+            outcomes.append("b started")
+            try:
+                outcomes.append(output_lock.acquire(str(tmp_path), "run-b"))
+            except OutputDirBusy as error:
+                outcomes.append(error)
+        return verdict
+
+    monkeypatch.setattr(output_lock, "holder_running", pausing)
+    try:
+        outcomes.append(output_lock.acquire(str(tmp_path), "run-a"))
+    except OutputDirBusy as error:
+        outcomes.append(error)
+    held = [outcome for outcome in outcomes[1:] if isinstance(outcome, output_lock.OutputLock)]
+    assert len(held) == 1, outcomes
+    assert [holder["token"] for holder in held_locks(tmp_path)] == [held[0].token]

@@ -200,7 +200,8 @@ def test_the_verdict_is_cached_per_installed_version_and_an_unwritable_cache_onl
 
     def run_check(review, properties):
         runs.append(review)
-        return upgrade_verdict.Verdict(True, [{"name": "reduction", "passed": True, "detail": None}]), digests
+        return upgrade_verdict.Verdict(True, [{"name": p.name, "passed": True, "detail": None}
+                                              for p in properties]), digests
 
     digests = upgrade_guard.method_digests()
     monkeypatch.setattr(upgrade_verdict, "run_check", run_check)

@@ -19,6 +19,10 @@ from transformers import TrainerCallback
 #: The smallest positive normal float32: an `adam_epsilon` below it is 0 (or denormal) where AdamW adds it to float32
 #: moments, and 0 / 0 is NaN for a parameter whose gradient is 0.
 MIN_ADAM_EPSILON = float(torch.finfo(torch.float32).tiny)
+#: The `ddp_timeout` seconds a process group works with (`check_ddp_timeout`): measured on gloo with two processes,
+#: 5e9 s works and 9e9 s hangs at start-up (torch's deadline, now + timeout in int64 nanoseconds, overflows at about
+#: 7.4e9 s from today); 1e9 s (about 31 years) leaves room for the collectives' margin and for the clock to advance.
+DDP_TIMEOUT_RANGE = (1, 1_000_000_000)
 
 
 class NonFiniteParameters(RuntimeError):
@@ -37,7 +41,7 @@ def check_optimizer_settings(args) -> None:
     weight); with an Adam-type `optim`, `adam_epsilon` finite and at least `MIN_ADAM_EPSILON` and `adam_beta1`,
     `adam_beta2` in [0, 1); `max_grad_norm` None or a number >= 0 (inf: no clipping, the norm still computed; NaN or
     a negative one would silently turn off both clipping and the gradient guard, which reads the norm clipping
-    computes)."""
+    computes); and `ddp_timeout` (`check_ddp_timeout`), so that every config that checks these checks it too."""
     def bad(name, allowed):
         raise ValueError(f"{type(args).__name__}: `{name}`={getattr(args, name)!r} is not allowed; {allowed}.")
 
@@ -60,6 +64,25 @@ def check_optimizer_settings(args) -> None:
     if norm is not None and (not _number(norm) or math.isnan(norm) or norm < 0):
         bad("max_grad_norm", "it must be a number >= 0 (0: no clipping; inf: no clipping, the norm still computed) "
                              "or None; a NaN or negative one turns clipping and the non-finite-gradient guard off")
+    check_ddp_timeout(args)
+
+
+def check_ddp_timeout(args) -> None:
+    """Refuse a `ddp_timeout` the process group cannot work with, before anything is launched: a `ValueError` names
+    the field and the range. 0 or a negative one times every collective out at once (and calls a healthy reward
+    stuck); torch adds the timeout to the clock in nanoseconds (int64), so one above about 7e9 s overflows and every
+    multi-process run fails at start-up with a gloo error that names neither ("client socket has timed out") or
+    hangs. Allowed: `DDP_TIMEOUT_RANGE` (1 s to about 31 years; 1800, transformers' default)."""
+    value = getattr(args, "ddp_timeout", None)
+    if value is None:
+        return
+    low, high = DDP_TIMEOUT_RANGE
+    if not _number(value) or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(
+            f"{type(args).__name__}: `ddp_timeout`={value!r} is not allowed; it must be a number of seconds in "
+            f"[{low}, {high}] (e.g. 1800, the default): 0 or less times every collective out at once, and one far "
+            "above the range (about 7e9) overflows torch's process-group clock (every multi-process run fails at "
+            "start-up).")
 
 
 def local_parameters(model) -> list[tuple[str, torch.Tensor]]:
@@ -107,5 +130,5 @@ class ParameterGuard(TrainerCallback):
             "; or the optimizer passed to the trainer). The checkpoints saved before it are intact.")
 
 
-__all__ = ["MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard", "check_optimizer_settings",
-           "first_non_finite", "local_parameters"]
+__all__ = ["DDP_TIMEOUT_RANGE", "MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard", "check_ddp_timeout",
+           "check_optimizer_settings", "first_non_finite", "local_parameters"]

@@ -10,6 +10,7 @@ guard to `gradient_guard`, the model card to `model_card`, data set checks to `v
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -55,6 +56,17 @@ from .reward_scale import RewardScaleCheck
 from .validation import validate_inputs, validate_tokenized_prompts
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _holding(trainer):
+    """Mark `trainer` as holding its output_dir's lock for the block (its `save_model` then takes none)."""
+    trainer._rpg_holds_lock = True
+    try:
+        yield
+    finally:
+        trainer._rpg_holds_lock = False
+
 
 class RPGTrainer(GRPOTrainer):
     """Trainer for Regularized Policy Gradient (RPG), a subclass of [`~trl.GRPOTrainer`] with the same arguments.
@@ -294,7 +306,8 @@ class RPGTrainer(GRPOTrainer):
         # Override: one writer per output_dir (a lock held for the run); resume only from a verified, complete RPG
         # checkpoint; a run that trained on nothing is told so.
         acc = self.accelerator
-        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)):
+        with checkpoint.output_dir_lock(self.args.output_dir, self.args.should_save, checkpointing.gather_all(acc)), \
+                _holding(self):
             resume_from_checkpoint = checkpointing.resume_or_start(
                 resume_from_checkpoint, self.args, acc, self._rpg_run_identity, self.is_world_process_zero())
             if self.is_world_process_zero():  # a user who swapped the import sees what this run optimises
@@ -368,8 +381,12 @@ class RPGTrainer(GRPOTrainer):
 
     def save_model(self, output_dir=None, _internal_call=False):
         # Override: the final model in output_dir gets RPG's card, as each checkpoint does (without this, a run with
-        # save_strategy="no" keeps PEFT's blank card with LoRA, no card with full fine-tuning).
-        super().save_model(output_dir, _internal_call)
+        # save_strategy="no" keeps PEFT's blank card with LoRA, no card with full fine-tuning). Called on its own
+        # (not inside train(), which holds it), it takes the folder's lock: another run's lock is an OutputDirBusy.
+        # Each saving process on its own (no collective: a script may call it on the main process only).
+        with contextlib.nullcontext() if getattr(self, "_rpg_holds_lock", False) else checkpoint.output_dir_lock(
+                output_dir or self.args.output_dir, self.args.should_save, lambda values: values):
+            super().save_model(output_dir, _internal_call)
         if not _internal_call and os.path.abspath(output_dir or self.args.output_dir) == os.path.abspath(
                 self.args.output_dir):
             self.create_model_card(model_name=os.path.basename(os.path.abspath(self.args.output_dir)))

@@ -11,8 +11,13 @@ nothing from the Hub and no telemetry (`HF_HUB_OFFLINE=1`, `HF_HUB_DISABLE_TELEM
 - Where: `$TRL_RPG_CACHE`, else `$XDG_CACHE_HOME/trl-rpg`, else `~/.cache/trl-rpg` (as `HF_HOME` defaults to
   `~/.cache/huggingface`), in `upgrade-check/<key>.json`. A cache that cannot be written is skipped (the check
   runs again next time); several processes asking at once wait on one lock file, so the check runs once.
-- Only conclusive verdicts are cached: a property that held or failed. A check that could not run (it crashed, or
-  timed out after `TIMEOUT_S`) is reported as failed and tried again next time.
+- Only conclusive verdicts are cached: a property that held or failed. A check that could not run (it crashed, timed
+  out after `TIMEOUT_S`, or printed a result that is not one result per property) is "no verdict", with the reason,
+  reported as failed and tried again next time.
+- A cached file is trusted only when it is strictly a verdict: `passed` a bool equal to every result's, one result
+  per requested property, the methods' digests equal to the installed ones; anything else (a string "false", an
+  empty list, JSON nested too deep) is a miss and the check runs again. The cache and its lock are opened without
+  blocking: a FIFO in their place is not waited on.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import logging
 import os
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
@@ -99,23 +105,75 @@ def _file_digest(module: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def read_cached(key: str) -> Verdict | None:
-    path = cache_dir() / f"{key}.json"
+def results_problem(results, properties) -> str | None:
+    """Why `results` are not one `{"name", "passed", "detail"}` per property of `properties`, in order (None when
+    they are)."""
+    if not isinstance(results, list):
+        return f"the results are a {type(results).__name__}, not a list"
+    names = [p.name for p in properties]
+    if not names or len(results) != len(names):
+        return f"{len(results)} results for the {len(names)} properties asked ({', '.join(names) or 'none'})"
+    for result, name in zip(results, names):
+        if not isinstance(result, dict) or result.get("name") != name:
+            return f"a result is not the property {name}'s"
+        if not isinstance(result.get("passed"), bool):
+            return f"{name}'s 'passed' is not true or false"
+        if not isinstance(result.get("detail"), (str, type(None))) or (result["passed"] != (result["detail"] is None)):
+            return f"{name}'s detail does not say why it failed (or says something although it held)"
+    return None
+
+
+def _digests_problem(digests) -> str | None:
+    if not isinstance(digests, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in
+                                                digests.items()):
+        return "the methods' digests are not a mapping of names to digests"
+    return None
+
+
+def _read_regular(path: Path, limit: int = 1 << 22) -> str | None:
+    """The text of `path` if it is a regular file (opened without blocking: a FIFO is not waited on); None when
+    missing, not a regular file or unreadable."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return Verdict(passed=bool(data["passed"]), results=list(data["results"]), cached=str(path),
-                       seconds=float(data.get("seconds", 0.0)))
-    except (OSError, ValueError, KeyError, TypeError):
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
         return None
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        data = file.read(limit + 1)
+    return data.decode("utf-8", errors="replace") if len(data) <= limit else None
 
 
-def write_cached(key: str, verdict: Verdict) -> str | None:
+def read_cached(key: str, properties=(), digests: dict[str, str] | None = None) -> Verdict | None:
+    """The cached verdict for `key`, None (a miss: the check runs again) unless the file is strictly a verdict on
+    `properties` for these `digests`: `passed` a bool equal to every result's, one result per property."""
+    path = cache_dir() / f"{key}.json"
+    text = _read_regular(path)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("passed"), bool) or results_problem(
+            data.get("results"), properties) or data.get("digests") != digests:
+        return None
+    results = data["results"]
+    if data["passed"] != all(r["passed"] for r in results):
+        return None
+    seconds = data.get("seconds", 0.0)
+    return Verdict(passed=data["passed"], results=results, cached=str(path),
+                   seconds=float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                   else 0.0)
+
+
+def write_cached(key: str, verdict: Verdict, digests: dict[str, str] | None = None) -> str | None:
     """The file written, or None when the cache cannot be written (said once in the log, not an error)."""
     folder = cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         temporary = folder / f".{key}.{os.getpid()}.tmp"
-        temporary.write_text(json.dumps(verdict.to_json(), indent=1), encoding="utf-8")
+        temporary.write_text(json.dumps({**verdict.to_json(), "digests": digests}, indent=1), encoding="utf-8")
         os.replace(temporary, folder / f"{key}.json")
         return str(folder / f"{key}.json")
     except OSError as error:
@@ -125,20 +183,23 @@ def write_cached(key: str, verdict: Verdict) -> str | None:
 
 @contextmanager
 def _lock(key: str):
-    """One process runs the check; the others wait for it (no lock where the cache cannot be written)."""
+    """One process runs the check; the others wait for it (no lock where the cache cannot be written, or where the
+    lock's name is not a regular file: a FIFO there is not waited on)."""
     try:
         import fcntl
 
         cache_dir().mkdir(parents=True, exist_ok=True)
-        handle = open(cache_dir() / f"{key}.lock", "a")  # noqa: SIM115 (held for the block)
-    except (ImportError, OSError):
+        descriptor = os.open(cache_dir() / f"{key}.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK,
+                             0o644)
+    except (ImportError, OSError):  # OSError: also a FIFO without a reader (ENXIO)
         yield
         return
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
-        handle.close()
+        os.close(descriptor)
 
 
 def _child_environment() -> dict[str, str]:
@@ -163,7 +224,21 @@ def run_check(review: str, properties) -> tuple[Verdict, dict[str, str]]:
     if done.returncode != 0 or not lines:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
         return Verdict(False, error=f"the self-check's process exited {done.returncode}: {tail}"), {}
-    data = json.loads(lines[-1][len(RESULT_PREFIX):])
+    return parse_result(lines[-1][len(RESULT_PREFIX):], properties, seconds)
+
+
+def parse_result(line: str, properties, seconds: float = 0.0) -> tuple[Verdict, dict[str, str]]:
+    """The verdict in the check process's result line, and the digests it saw; "no verdict" (`error`, with the
+    reason) for anything but one result per property and a mapping of digests."""
+    try:
+        data = json.loads(line)
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+        return Verdict(False, error=f"the self-check's result line is not JSON ({type(error).__name__})"), {}
+    if not isinstance(data, dict):
+        return Verdict(False, error="the self-check's result line is not a JSON object"), {}
+    problem = results_problem(data.get("results"), properties) or _digests_problem(data.get("digests"))
+    if problem:
+        return Verdict(False, error=f"the self-check's result is malformed: {problem}"), {}
     results = data["results"]
     return Verdict(all(r["passed"] for r in results), results, seconds=seconds), data["digests"]
 
@@ -172,11 +247,11 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
     """The self-check's verdict on the installed TRL for `review` (cached; run when it is not)."""
     properties = upgrade_check.PROPERTIES[review]
     key = cache_key(review, digests, fields, properties)
-    cached = read_cached(key)
+    cached = read_cached(key, properties, digests)
     if cached is not None:
         return cached
     with _lock(key):
-        cached = read_cached(key)  # another process may have run it while this one waited
+        cached = read_cached(key, properties, digests)  # another process may have run it while this one waited
         if cached is not None:
             return cached
         logger.warning("trl-rpg: checking the installed TRL (%s) with the upgrade self-check (seconds; once per "
@@ -187,7 +262,7 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
             result = Verdict(False, error=f"the methods {', '.join(changed)} differ between this process and a fresh "
                                           "import of TRL (patched at run time?): the self-check cannot see them")
         if result.error is None:
-            result.cached = write_cached(key, result)
+            result.cached = write_cached(key, result, digests)
     return result
 
 
@@ -229,7 +304,8 @@ def main() -> int:
 
 
 __all__ = ["IN_CHECK_ENV", "RESULT_PREFIX", "TIMEOUT_S", "Verdict", "cache_dir", "cache_key", "installed_versions",
-           "main", "read_cached", "run_check", "run_properties", "verdict", "write_cached"]
+           "main", "parse_result", "read_cached", "results_problem", "run_check", "run_properties", "verdict",
+           "write_cached"]
 
 if __name__ == "__main__":
     sys.exit(main())

