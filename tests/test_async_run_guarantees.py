@@ -21,6 +21,7 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client (nev
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
 from trl_rpg.checkpoint import LOCK_FILE, MANIFEST_FILE, CheckpointError, OutputDirBusy, read_manifest  # noqa: E402
+from trl_rpg.checkpoint.lock import lock_files  # noqa: E402
 from trl_rpg.hub_uploads import HubUploadError  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
 
@@ -83,17 +84,17 @@ def test_another_live_run_holding_the_output_dir_refuses_the_run_before_anything
             trainer = build(model_path, async_args(out, save_strategy="steps", save_steps=1))
             trainer.train()
         assert f"process {other.pid}" in str(error.value)
-        assert sorted(os.listdir(out)) == [LOCK_FILE]  # no checkpoint, no file of this run
+        assert [name for name in os.listdir(out) if not name.startswith(LOCK_FILE + ".")] == []  # only the holder's
     finally:
         other.kill()
         other.wait()
     held = []
     trainer.add_callback(type("Holds", (__import__("transformers").TrainerCallback,), {
-        "on_step_end": lambda self, args, state, control, **kw: held.append((out / LOCK_FILE).exists())})())
+        "on_step_end": lambda self, args, state, control, **kw: held.append(bool(lock_files(str(out))))})())
     with async_trainer_on_cpu(VarlenAttention):
         trainer.train()  # the lock of a process that is gone is replaced
     assert held == [True, True]
-    assert not (out / LOCK_FILE).exists() and (out / "checkpoint-2").is_dir()
+    assert not lock_files(str(out)) and (out / "checkpoint-2").is_dir()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
