@@ -254,7 +254,7 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
     log_w = logps.detach().float() - sampler.detach().float()
     valid = (mask != 0) & torch.isfinite(log_w)
     log_w = torch.where(valid, log_w, torch.zeros_like(log_w))
-    bounded = log_w.clamp(-20.0, 20.0)
+    bounded = log_w.clamp(max=20.0)  # exp bounded above only (docs/math.md section 3, numerics)
     local = torch.stack([log_w.abs().sum(), (bounded.exp() - 1 - bounded).sum(), valid.sum().float(),
                          log_w.abs().amax() if log_w.numel() else log_w.new_zeros(())])
     totals = gather(local.unsqueeze(0)).reshape(-1, local.numel())
