@@ -1358,7 +1358,7 @@ MUTATIONS = [
              "        return recomputed",
              "tests/test_sampler_logps.py -k infinite_logprob"),
     Mutation("sampler log-probs: +-inf engine log-probs passed to TRL's correction", "trl_rpg/sampler_logps.py",
-             "        if not all(x is None or math.isfinite(x) for x in firsts):",
+             "        if any(kinds):",
              "        if False:",
              "tests/test_sampler_logps.py -k infinite_logprob"),
     Mutation("sampler log-probs: the engine's output not checked", "trl_rpg/sampler_logps.py",
@@ -1520,6 +1520,24 @@ MUTATIONS = [
              "    print(path)\n",
              "    pass\n",
              "tests/test_smollm2.py -k prepare_prints"),
+    # ---- issue 46 (engine log-probs above 0) and issue 45 ----
+    Mutation("i46: engine log-probs above 0 (logits) accepted as log-probs", "trl_rpg/sampler_logps.py",
+             '    return "above 0" if value > LOGPROB_ROUNDING else None',
+             "    return None",
+             "tests/test_sampler_logps.py -k logits_for_logprobs"),
+    Mutation("i46: the mismatch metric's log w with its sign flipped", "trl_rpg/sampler_logps.py",
+             "    log_w = logps.detach().float() - sampler.detach().float()",
+             "    log_w = sampler.detach().float() - logps.detach().float()",
+             "tests/test_sampler_logps.py -k mismatch_kl_reads"),
+    Mutation("i46: bad engine log-probs warned about at every batch", "trl_rpg/sampler_logps.py",
+             "                warned.add(kind)",
+             "                pass",
+             "tests/test_sampler_logps.py -k warned_once"),
+    Mutation("i46: tokens excluded for their engine log-prob counted as trained on by the verdict",
+             "trl_rpg/sampler_logps.py",
+             '    if engine is None or not (ENGINE_KEY in batch or "importance_sampling_ratio" in batch):',
+             "    if True:",
+             "tests/test_sampler_logps.py -k logits_for_logprobs"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

@@ -15,9 +15,11 @@ Which mu a batch trains with is recorded in the batch (`ENGINE_KEY`: present in 
 optimizer step it was generated at), so a batch restored from a checkpoint keeps its own whatever the resuming run's
 mode, and the loss knows when pi_theta = pi_old (`at_sampling_policy`): there log w is the train/inference mismatch
 itself, logged at no cost (`mismatch_metrics`). The engine's output is checked as it arrives (`checked_output`): a
-malformed one is a `MalformedEngineOutput` naming the engine; a non-finite log-prob becomes TRL's "missing" (NaN),
-and every token without a finite engine log-prob is excluded from the loss and counted (`rpg/excluded_tokens`)
-wherever the loss uses the engine's log-probs (`mu`).
+malformed one is a `MalformedEngineOutput` naming the engine; a log-prob that is not one (not finite, or above 0 by
+more than `LOGPROB_ROUNDING`: a server that returns logits, say) becomes TRL's "missing" (NaN), warned about once per
+run, and every such token is excluded from the loss and counted (`rpg/excluded_tokens`) wherever the loss uses the
+engine's log-probs (`mu`); a run all of whose tokens were excluded trained on nothing (`trained_tokens`, read by the
+learning-signal verdict).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -40,6 +42,10 @@ ENGINE_KEY = "rpg_engine_logps_step"
 PROCESSED = "processed_logprobs"
 #: `generation_kwargs` entries that restrict which tokens vLLM may sample (the policy's support is the vocabulary).
 SUPPORT_KWARGS = ("structured_outputs", "allowed_token_ids", "bad_words")
+#: How far above 0 an engine log-prob may be and still count as one (float rounding of a near-certain token's
+#: log-softmax, a few 1e-7 in float32; 1e-4 is a probability of 1.0001, harmless in w = pi_theta/mu). Anything above
+#: is not a log-prob (logits, say: `w` ~ 0.001, or TRL's correction rejecting every sequence) and is excluded.
+LOGPROB_ROUNDING = 1e-4
 
 
 class MalformedEngineOutput(RuntimeError):
@@ -110,11 +116,13 @@ def engine_name(args) -> str:
 @dataclass(frozen=True)
 class SamplerLogps:
     """The resolved mode: `mode` is `"engine"` or `"recompute"`; `reason` says why `"auto"` picked `"recompute"`
-    where vLLM generates (None otherwise); `engine` names the engine (None without vLLM)."""
+    where vLLM generates (None otherwise); `engine` names the engine (None without vLLM). `warned` holds the kinds of
+    bad engine log-prob already warned about in this run (`checked_output`: one warning per kind and run)."""
 
     mode: str
     reason: str | None = None
     engine: str | None = None
+    warned: set = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, args, obstacles: list[str]) -> SamplerLogps:
@@ -161,7 +169,8 @@ class SamplerLogps:
         with ExitStack() as stack:
             if trainer.use_vllm:
                 stack.enter_context(_compat.returning_through(
-                    trainer.vllm_generation, "generate", lambda output: checked_output(output, self.engine)))
+                    trainer.vllm_generation, "generate", lambda output: checked_output(output, self.engine,
+                                                                                      self.warned)))
             if self.mode == "engine":
                 stack.enter_context(_compat.trl_skips_old_logps(trainer))
             yield
@@ -178,11 +187,13 @@ class SamplerLogps:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def checked_output(output: tuple, engine: str | None) -> tuple:
+def checked_output(output: tuple, engine: str | None, warned: set | None = None) -> tuple:
     """`VLLMGeneration.generate`'s `(prompt_ids, completion_ids, logprobs, logprob_token_ids)`, checked: every
     completion has at least one token and one non-empty list of log-probs per token (the sampled token's first), else
-    `MalformedEngineOutput` naming the engine; a sampled token's non-finite log-prob becomes None, TRL's "missing"
-    (NaN in its tensor: no correction from it, and excluded from the loss by `mu`)."""
+    `MalformedEngineOutput` naming the engine. A sampled token's log-prob that is not finite, or above 0 by more than
+    `LOGPROB_ROUNDING`, becomes None, TRL's "missing" (NaN in its tensor: no correction from it, and excluded from the
+    loss by `mu`), with a warning the first time each kind is met (`warned` holds the kinds warned about: one warning
+    per run; None: every time)."""
     prompt_ids, completion_ids, logprobs, token_ids = output
 
     def malformed(detail: str) -> MalformedEngineOutput:
@@ -196,7 +207,7 @@ def checked_output(output: tuple, engine: str | None) -> tuple:
         raise malformed(f"it returned {len(completion_ids)} completions and no log-probs")
     if len(logprobs) != len(completion_ids):
         raise malformed(f"it returned {len(completion_ids)} completions and {len(logprobs)} lists of log-probs")
-    fixed, bad = list(logprobs), 0
+    fixed, bad = list(logprobs), {"non-finite": 0, "above 0": 0}
     for i, (ids, values) in enumerate(zip(completion_ids, logprobs)):
         if len(ids) == 0:
             raise malformed(f"completion {i} of {len(completion_ids)} is empty (no token)")
@@ -206,18 +217,49 @@ def checked_output(output: tuple, engine: str | None) -> tuple:
         if not all(values):
             raise malformed(f"completion {i} of {len(completion_ids)} has a token without a log-prob")
         try:
-            firsts = [None if top[0] is None else float(top[0]) for top in values]
+            kinds = [_kind(None if top[0] is None else float(top[0])) for top in values]
         except (TypeError, ValueError) as error:
             raise malformed(f"completion {i} of {len(completion_ids)} has a log-prob that is not a number "
                             f"({error})") from None
-        if not all(x is None or math.isfinite(x) for x in firsts):
-            bad += sum(x is not None and not math.isfinite(x) for x in firsts)
-            fixed[i] = [[None, *top[1:]] if x is not None and not math.isfinite(x) else top
-                        for x, top in zip(firsts, values)]
-    if bad:
-        logger.warning("RPGTrainer: %s returned %d non-finite log-prob(s) of sampled tokens in this batch; those "
-                       "tokens are excluded from the loss and counted in rpg/excluded_tokens.", engine, bad)
+        if any(kinds):
+            for kind in filter(None, kinds):
+                bad[kind] += 1
+            fixed[i] = [[None, *top[1:]] if kind else top for kind, top in zip(kinds, values)]
+    for kind, count in bad.items():
+        if count and (warned is None or kind not in warned):
+            logger.warning(_BAD_LOGPROBS[kind], engine or "the vLLM engine", count)
+            if warned is not None:
+                warned.add(kind)
     return prompt_ids, completion_ids, fixed, token_ids
+
+
+def _kind(value: float | None) -> str | None:
+    """What is wrong with a sampled token's engine log-prob (None: nothing, or already missing)."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        return "non-finite"
+    return "above 0" if value > LOGPROB_ROUNDING else None
+
+
+_EXCLUDED = ("those tokens are excluded from the loss wherever it uses the engine's log-probs (engine mode, or TRL's "
+             "correction pi_old/mu) and counted in rpg/excluded_tokens; a run all of whose tokens are excluded trains "
+             "on nothing (rpg/trained_on_nothing). Warned once per run.")
+_BAD_LOGPROBS = {
+    "non-finite": "RPGTrainer: %s returned %d non-finite log-prob(s) of sampled tokens in this batch; " + _EXCLUDED,
+    "above 0": (f"RPGTrainer: %s returned %d log-prob(s) of sampled tokens above 0 (by more than {LOGPROB_ROUNDING}) in "
+                "this batch: not log-probs (a server that returns logits or raw scores?); " + _EXCLUDED),
+}
+
+
+def trained_tokens(batch: dict, mask: torch.Tensor) -> torch.Tensor:
+    """The (B, T) loss `mask` of a generation batch less the tokens the loss will exclude for their engine log-prob
+    (missing: NaN), where the loss uses it (`mu`: an engine batch, or TRL's correction on); what the learning-signal
+    verdict counts as trained on."""
+    engine = batch.get("sampling_per_token_logps")
+    if engine is None or not (ENGINE_KEY in batch or "importance_sampling_ratio" in batch):
+        return mask
+    return mask * torch.isfinite(engine).to(mask.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -268,5 +310,5 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
 
 
 __all__ = ["ENGINE_KEY", "MISMATCH_METRICS", "MODES", "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy",
-           "check_config", "checked_output", "engine_name", "engine_obstacles", "mismatch_metrics", "mu",
-           "server_obstacle", "server_url"]
+           "LOGPROB_ROUNDING", "check_config", "checked_output", "engine_name", "engine_obstacles",
+           "mismatch_metrics", "mu", "server_obstacle", "server_url", "trained_tokens"]

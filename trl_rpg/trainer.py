@@ -136,7 +136,8 @@ class RPGTrainer(GRPOTrainer):
             if self._rpg_scoring.add(rewards):
                 logger.warning(UNSCORED_BATCH_WARNING)
             self._rpg_signal.add_batch(learning_signal.batch_facts(  # what the batch offers, over all processes
-                rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
+                rewards, output["advantages"], sampler_logps.trained_tokens(  # less engine log-probs excluded
+                    output, output["completion_mask"] * output.get("tool_mask", 1)),
                 self.reward_weights, self.num_generations, self.multi_objective_aggregation,
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
             scale_warning = self._rpg_reward_scale.add(rewards, self.reward_weights, self.num_generations,
