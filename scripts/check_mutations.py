@@ -1538,6 +1538,19 @@ MUTATIONS = [
              '    if engine is None or not (ENGINE_KEY in batch or "importance_sampling_ratio" in batch):',
              "    if True:",
              "tests/test_sampler_logps.py -k logits_for_logprobs"),
+    Mutation("i45: auto trusts the engine under every generation setting that cuts or reweights the sampler",
+             "trl_rpg/sampler_logps.py",
+             "    for name, (effect, neutral) in SAMPLER_SETTINGS.items():",
+             "    for name, (effect, neutral) in {}.items():",
+             "tests/test_sampler_logps.py -k keeps_auto_on_recompute"),
+    Mutation("i45: min_tokens not an obstacle to the engine's log-probs", "trl_rpg/sampler_logps.py",
+             '    "min_tokens": (CUTS, _off),',
+             "",
+             "tests/test_sampler_logps.py -k sampler_setting"),
+    Mutation("i45: a server that does not report its logprobs mode trusted as processed", "trl_rpg/sampler_logps.py",
+             "    if logprobs_mode == PROCESSED:",
+             "    if logprobs_mode in (PROCESSED, None):",
+             "tests/test_sampler_logps.py -k report_its"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

@@ -453,6 +453,80 @@ def test_engine_is_refused_where_it_is_not_exact_and_auto_recomputes(tmp_path, s
         RPGConfig(**cpu_args(tmp_path, rpg_sampler_logps="vllm"))
 
 
+#: Issue 45: every generation setting that cuts the sampler's support or reweights it, one case each (the table of
+#: docs/math.md section 4c): "auto" recomputes, naming it; "engine" is refused naming it.
+SAMPLER_SETTINGS_CASES = [
+    ("min_tokens", {"generation_kwargs": {"min_tokens": 4}}, "min_tokens=4"),
+    ("bad_words", {"generation_kwargs": {"bad_words": ["abc"]}}, "bad_words=['abc']"),
+    ("allowed_token_ids", {"generation_kwargs": {"allowed_token_ids": [1, 2]}}, "allowed_token_ids=[1, 2]"),
+    ("structured_outputs", {"generation_kwargs": {"structured_outputs": {"regex": "[0-9]+"}}},
+     "structured_outputs={'regex': '[0-9]+'}"),
+    ("guided_decoding", {"generation_kwargs": {"guided_decoding": {"choice": ["a", "b"]}}}, "guided_decoding="),
+    ("logit_bias", {"generation_kwargs": {"logit_bias": {5: -100}}}, "logit_bias={5: -100}"),
+    ("logit_bias", {"generation_kwargs": {"logit_bias": {5: 2.0}}}, "logit_bias={5: 2.0}"),
+    ("logits_processors", {"generation_kwargs": {"logits_processors": ["my.Processor"]}},
+     "logits_processors=['my.Processor']"),
+    ("repetition_penalty", {"repetition_penalty": 1.1}, "repetition_penalty=1.1"),
+    ("repetition_penalty", {"generation_kwargs": {"repetition_penalty": 0.9}}, "repetition_penalty=0.9"),
+    ("presence_penalty", {"generation_kwargs": {"presence_penalty": 0.5}}, "presence_penalty=0.5"),
+    ("frequency_penalty", {"generation_kwargs": {"frequency_penalty": -0.5}}, "frequency_penalty=-0.5"),
+]
+NEUTRAL = {"min_tokens": 0, "bad_words": [], "allowed_token_ids": None, "structured_outputs": None,
+           "guided_decoding": None, "logit_bias": {5: 0.0}, "logits_processors": [], "repetition_penalty": 1.0,
+           "presence_penalty": 0.0, "frequency_penalty": 0.0, "temperature": 0.7}
+
+
+def resolved_mode(tmp_path, **setting) -> SamplerLogps:
+    args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="colocate", beta=0.1, **setting))
+    return SamplerLogps.for_trainer(SimpleNamespace(args=args, rollout_func=None))
+
+
+@pytest.mark.parametrize("name,setting,named", SAMPLER_SETTINGS_CASES, ids=[c[2] for c in SAMPLER_SETTINGS_CASES])
+def test_each_sampler_setting_keeps_auto_on_recompute(tmp_path, name, setting, named):
+    """`min_tokens` or a `logit_bias` of -100 cut the support as `allowed_token_ids` does; penalties and a positive bias
+    reweight it: "auto" used to pick "engine" under them (and under all but three support settings)."""
+    resolved = resolved_mode(tmp_path, **setting)
+    assert resolved.mode == "recompute" and named in resolved.reason
+    with pytest.raises(ValueError, match="`rpg_sampler_logps`='engine' is not allowed here"):
+        RPGConfig(**cpu_args(tmp_path, use_vllm=True, beta=0.1, rpg_sampler_logps="engine", **setting))
+    assert name in NEUTRAL
+
+
+def test_neutral_sampler_settings_keep_the_engine(tmp_path):
+    """Each setting at its neutral value (and temperature, which the processed log-probs include) leaves "auto" on
+    "engine"."""
+    assert resolved_mode(tmp_path, generation_kwargs=dict(NEUTRAL)).mode == "engine"
+    assert resolved_mode(tmp_path, repetition_penalty=1.0, temperature=0.7).mode == "engine"
+
+
+def test_the_sampler_settings_table_is_the_code_and_the_docs():
+    """Every setting the code checks has a case above and a row in docs/math.md section 4c (and the reverse)."""
+    from pathlib import Path
+
+    from trl_rpg.sampler_logps import SAMPLER_SETTINGS
+
+    assert set(SAMPLER_SETTINGS) == {c[0] for c in SAMPLER_SETTINGS_CASES} == set(NEUTRAL) - {"temperature"}
+    text = (Path(__file__).resolve().parents[1] / "docs" / "math.md").read_text()
+    section = text[text.index("## 4c."):text.index("## 5.")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    for name in [*SAMPLER_SETTINGS, "top_p", "top_k", "min_p", "vllm_structured_outputs_regex", "temperature"]:
+        assert sum(f"`{name}" in row for row in rows) == 1, name
+
+
+@pytest.mark.parametrize("info", [{"model_config": {}}, {"model_config": {"logprobs_mode": None}}, {}, None],
+                         ids=["no-mode", "mode-none", "no-model-config", "no-info"])
+def test_a_server_that_does_not_report_its_logprobs_mode_is_taken_as_raw(tmp_path, info):
+    """Nothing says such a server's log-probs are the sampler's: "auto" recomputes, naming it."""
+    args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="server", beta=0.1))
+    trainer = SimpleNamespace(args=args, rollout_func=None,
+                              accelerator=SimpleNamespace(is_main_process=True, num_processes=1),
+                              vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(get_server_info=lambda: info)))
+    resolved = SamplerLogps.for_trainer(trainer)
+    assert resolved.mode == "recompute" and "does not report its logprobs_mode (taken as raw)" in resolved.reason
+    info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
+    assert SamplerLogps.for_trainer(trainer).mode == "engine"
+
+
 def test_a_rollout_func_keeps_the_recomputed_mu(tmp_path):
     args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="colocate"))
     resolved = SamplerLogps.for_trainer(SimpleNamespace(args=args, rollout_func=lambda prompts, trainer: {}))

@@ -9,7 +9,9 @@ batch was generated, w = pi_theta / mu.
   weight against the true sampler, and RPG-Style Clip bounds it.
 - `"recompute"`: mu is pi_old, recomputed by the trainer (TRL 1.16's pass); vLLM's correction pi_old / mu, when on,
   weighs every term (docs/math.md section 4b).
-- `"auto"` (the default): `"engine"` exactly where it is exact (no `engine_obstacles`), `"recompute"` elsewhere.
+- `"auto"` (the default): `"engine"` exactly where it is exact (no `engine_obstacles`: no truncated sampling and no
+  other generation setting that cuts or reweights the sampler, `SAMPLER_SETTINGS`; a server that reports processed
+  log-probs), `"recompute"` elsewhere.
 
 Which mu a batch trains with is recorded in the batch (`ENGINE_KEY`: present in an engine batch, holding the
 optimizer step it was generated at), so a batch restored from a checkpoint keeps its own whatever the resuming run's
@@ -40,8 +42,49 @@ MODES = ("auto", "engine", "recompute")
 #: Key of a generation batch whose mu is the engine's; its 0-dim value is the optimizer step it was generated at.
 ENGINE_KEY = "rpg_engine_logps_step"
 PROCESSED = "processed_logprobs"
-#: `generation_kwargs` entries that restrict which tokens vLLM may sample (the policy's support is the vocabulary).
-SUPPORT_KWARGS = ("structured_outputs", "allowed_token_ids", "bad_words")
+#: Generation settings, besides truncated sampling (`describe.truncated_sampling`), that make the sampler differ
+#: from the policy: each cuts the tokens vLLM may sample (`CUTS`) or reweights them (`REWEIGHTS`) unless its value is
+#: neutral. A `generation_kwargs` entry (passed to vLLM's `SamplingParams`) overrides the config field of the same name,
+#: as in TRL. docs/math.md section 4c lists them with their verdict; `engine_obstacles` names each one set.
+CUTS, REWEIGHTS = "cuts the sampler's support", "reweights the sampler's distribution"
+
+
+def _off(value) -> bool:
+    return not value
+
+
+def _no_bias(value) -> bool:
+    return not value or (isinstance(value, dict) and not any(value.values()))
+
+
+SAMPLER_SETTINGS: dict[str, tuple[str, object]] = {
+    "min_tokens": (CUTS, _off),  # EOS and the stop tokens masked until the minimum length
+    "bad_words": (CUTS, _off),  # each word's last token masked after its prefix
+    "allowed_token_ids": (CUTS, _off),  # only the listed tokens
+    "structured_outputs": (CUTS, lambda value: value is None),  # guided decoding: the grammar's tokens only
+    "guided_decoding": (CUTS, lambda value: value is None),  # older vLLM's name for the same
+    "logit_bias": (REWEIGHTS, _no_bias),  # a bias of -100 cuts
+    "logits_processors": (REWEIGHTS, _off),  # whatever the processors do
+    "repetition_penalty": (REWEIGHTS, lambda value: value is None or value == 1),  # GRPOConfig field, default 1.0
+    "presence_penalty": (REWEIGHTS, _off),
+    "frequency_penalty": (REWEIGHTS, _off),
+}
+
+
+def sampler_settings(args) -> dict[str, list[str]]:
+    """The `SAMPLER_SETTINGS` set to a non-neutral value, as `name=value`, by effect (`CUTS`, `REWEIGHTS`):
+    `vllm_structured_outputs_regex` counts as `structured_outputs`."""
+    kwargs = args.generation_kwargs or {}
+    found: dict[str, list[str]] = {CUTS: [], REWEIGHTS: []}
+    if getattr(args, "vllm_structured_outputs_regex", None):
+        found[CUTS].append(f"vllm_structured_outputs_regex={args.vllm_structured_outputs_regex!r}")
+    for name, (effect, neutral) in SAMPLER_SETTINGS.items():
+        value = kwargs.get(name, getattr(args, name, None))
+        if not neutral(value):
+            found[effect].append(f"{name}={value!r}")
+    return found
+
+
 #: How far above 0 an engine log-prob may be and still count as one (float rounding of a near-certain token's
 #: log-softmax, a few 1e-7 in float32; 1e-4 is a probability of 1.0001, harmless in w = pi_theta/mu). Anything above
 #: is not a log-prob (logits, say: `w` ~ 0.001, or TRL's correction rejecting every sequence) and is excluded.
@@ -66,14 +109,17 @@ def engine_obstacles(args) -> list[str]:
     if args.rpg_reference != "sampling":
         reasons.append(f"rpg_reference={args.rpg_reference!r}: the reference is not the sampler, so its log-probs "
                        "still need the trainer's reference pass; 'engine' is RPG's sampler-as-reference mode")
-    cuts = truncated_sampling(args)
-    kwargs = sorted(set(SUPPORT_KWARGS) & set(args.generation_kwargs or {}))
-    if args.vllm_structured_outputs_regex:
-        kwargs.insert(0, "vllm_structured_outputs_regex")
-    if cuts or kwargs:
-        reasons.append(f"{', '.join(cuts + kwargs)}: the sampler's support is not the policy's (the engine's "
-                       "log-probs are renormalised over the tokens it may sample), so pi_theta/mu misses the cut "
-                       "probability mass (docs/math.md section 4c)")
+    settings = sampler_settings(args)
+    cuts = truncated_sampling(args) + settings[CUTS]
+    if cuts:
+        reasons.append(f"{', '.join(cuts)}: the sampler's support is not the policy's (the engine's log-probs are "
+                       "renormalised over the tokens it may sample), so pi_theta/mu misses the cut probability mass "
+                       "(docs/math.md section 4c)")
+    if settings[REWEIGHTS]:
+        reasons.append(f"{', '.join(settings[REWEIGHTS])}: the sampler's distribution is the policy's reweighted (by "
+                       "the tokens already generated, or a bias), so the engine's log-probs are not the policy's at "
+                       "any step: w = pi_theta/mu would count the reweighting as a policy change, and the KL term "
+                       "towards the sampler would pull towards the reweighted distribution (docs/math.md section 4c)")
     return reasons
 
 
@@ -93,12 +139,14 @@ def check_config(args) -> None:
 
 
 def server_obstacle(logprobs_mode: str | None, url: str) -> str | None:
-    """Why a vLLM server's log-probs are not mu (None: they are, it runs with processed log-probs)."""
+    """Why a vLLM server's log-probs are not mu (None: they are, it runs with processed log-probs). A server that
+    does not report its mode (None) is taken as raw: nothing says its log-probs are the sampler's."""
     if logprobs_mode == PROCESSED:
         return None
-    return (f"the vLLM server at {url} reports logprobs_mode={logprobs_mode!r}, not {PROCESSED!r}: its log-probs "
-            "are not those of the distribution it samples from (restart it with `--logprobs-mode processed_logprobs`,"
-            " as `trl vllm-serve` does)")
+    reported = (f"reports logprobs_mode={logprobs_mode!r}, not {PROCESSED!r}" if logprobs_mode is not None else
+                "does not report its logprobs_mode (taken as raw)")
+    return (f"the vLLM server at {url} {reported}: its log-probs are not known to be those of the distribution it "
+            "samples from (restart it with `--logprobs-mode processed_logprobs`, as `trl vllm-serve` does)")
 
 
 def server_url(args) -> str:
@@ -153,7 +201,7 @@ class SamplerLogps:
                 mode = [None]
                 if trainer.accelerator.is_main_process:
                     info = trainer.vllm_generation.vllm_client.get_server_info()
-                    mode = [(info.get("model_config") or {}).get("logprobs_mode")]
+                    mode = [((info or {}).get("model_config") or {}).get("logprobs_mode")]
                 if trainer.accelerator.num_processes > 1:
                     broadcast_object_list(mode, from_process=0)
                 obstacle = server_obstacle(mode[0], server_url(args))
@@ -309,6 +357,6 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
             "sampling/sampling_logp_difference/mean": mean, "sampling/sampling_logp_difference/max": largest}
 
 
-__all__ = ["ENGINE_KEY", "MISMATCH_METRICS", "MODES", "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy",
+__all__ = ["CUTS", "REWEIGHTS", "SAMPLER_SETTINGS", "sampler_settings", "ENGINE_KEY", "MISMATCH_METRICS", "MODES", "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy",
            "LOGPROB_ROUNDING", "check_config", "checked_output", "engine_name", "engine_obstacles",
            "mismatch_metrics", "mu", "server_obstacle", "server_url", "trained_tokens"]
