@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import ClassVar
 
 import torch
@@ -32,7 +33,7 @@ from . import (
 )
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
-from .describe import describe_objective
+from .describe import describe_objective, dropout_warning, training_dropout
 from .hub_uploads import HubUploadError, HubUploads
 from .loss import (
     Aggregation,
@@ -100,6 +101,8 @@ class RPGTrainer(GRPOTrainer):
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.sampler_logps = sampler_logps.SamplerLogps.for_trainer(self)  # mu: the engine's own, or recomputed
+        if (dropout := dropout_warning(args, self.sampler_logps, self.model)) and self.is_world_process_zero():
+            warnings.warn(dropout, UserWarning, stacklevel=2)  # what the config could not know: the model's dropout
         self.skipped_steps = 0
         self._rpg_batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
@@ -307,7 +310,7 @@ class RPGTrainer(GRPOTrainer):
                 logger.warning(describe_objective(self.args, self.sampler_logps, precision.precision_clause(
                     self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
                     [p.dtype for p in self.model.parameters() if p.requires_grad],
-                    os.environ.get(precision.MIXED_PRECISION_ENV))))
+                    os.environ.get(precision.MIXED_PRECISION_ENV)), training_dropout(self.model)))
             self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
             self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
