@@ -1551,6 +1551,22 @@ MUTATIONS = [
              "    if logprobs_mode == PROCESSED:",
              "    if logprobs_mode in (PROCESSED, None):",
              "tests/test_sampler_logps.py -k report_its"),
+    Mutation("i45: the engine's log-probs as mu said to leave beta inert on-policy", "trl_rpg/describe.py",
+             '    if args.rpg_reference == "sampling" and engine_is_mu(args, sampler):',
+             "    if False:",
+             "tests/test_kl_claims_in_training.py -k engine"),
+    Mutation("i45: dropout in the training forward said to leave beta inert", "trl_rpg/describe.py",
+             "    if dropout and dropout_matters(args):",
+             "    if False:",
+             "tests/test_kl_claims_in_training.py -k dropout"),
+    Mutation("i45: the frozen 'ref' adapter's lora_dropout counted as training dropout", "trl_rpg/describe.py",
+             "                if adapter in active:",
+             "                if True:",
+             "tests/test_kl_claims_in_training.py -k dropout"),
+    Mutation("i45: FKL/RKL's constant said to be zero in expectation under every loss type", "trl_rpg/describe.py",
+             '    return ZERO_IN_EXPECTATION if args.loss_type == "dr_grpo" else LENGTH_BIAS',
+             "    return ZERO_IN_EXPECTATION",
+             "tests/test_kl_normalisation.py"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
