@@ -677,9 +677,9 @@ MUTATIONS = [
              "            if self._rpg_scoring.add(rewards) and self._rpg_scoring.batches == 1:",
              "tests/test_run_tallies.py -k first_unscored_batch"),
     Mutation("a second train() inherits the first call's learning-signal counts", "trl_rpg/trainer.py",
-             "                    os.environ.get(precision.MIXED_PRECISION_ENV))))\n"
+             "                    os.environ.get(precision.MIXED_PRECISION_ENV)), training_dropout(self.model)))\n"
              "            self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()",
-             "                    os.environ.get(precision.MIXED_PRECISION_ENV))))\n"
+             "                    os.environ.get(precision.MIXED_PRECISION_ENV)), training_dropout(self.model)))\n"
              "            self._rpg_scoring = ScoringTally()",
              "tests/test_run_tallies.py -k second_train"),
     Mutation("a clip width float32 rounds away accepted", "trl_rpg/objective_config.py",
