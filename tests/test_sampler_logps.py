@@ -483,8 +483,8 @@ def resolved_mode(tmp_path, **setting) -> SamplerLogps:
 
 @pytest.mark.parametrize("name,setting,named", SAMPLER_SETTINGS_CASES, ids=[c[2] for c in SAMPLER_SETTINGS_CASES])
 def test_each_sampler_setting_keeps_auto_on_recompute(tmp_path, name, setting, named):
-    """`min_tokens` or a `logit_bias` of -100 cut the support as `allowed_token_ids` does; penalties and a positive bias
-    reweight it: "auto" used to pick "engine" under them (and under all but three support settings)."""
+    """`min_tokens` or a `logit_bias` of -100 cut the support as `allowed_token_ids` does; penalties and a positive
+    bias reweight it: "auto" used to pick "engine" under them (and under all but three support settings)."""
     resolved = resolved_mode(tmp_path, **setting)
     assert resolved.mode == "recompute" and named in resolved.reason
     with pytest.raises(ValueError, match="`rpg_sampler_logps`='engine' is not allowed here"):
@@ -518,9 +518,9 @@ def test_the_sampler_settings_table_is_the_code_and_the_docs():
 def test_a_server_that_does_not_report_its_logprobs_mode_is_taken_as_raw(tmp_path, info):
     """Nothing says such a server's log-probs are the sampler's: "auto" recomputes, naming it."""
     args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="server", beta=0.1))
-    trainer = SimpleNamespace(args=args, rollout_func=None,
-                              accelerator=SimpleNamespace(is_main_process=True, num_processes=1),
-                              vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(get_server_info=lambda: info)))
+    client = SimpleNamespace(get_server_info=lambda: info)
+    trainer = SimpleNamespace(args=args, rollout_func=None, vllm_generation=SimpleNamespace(vllm_client=client),
+                              accelerator=SimpleNamespace(is_main_process=True, num_processes=1))
     resolved = SamplerLogps.for_trainer(trainer)
     assert resolved.mode == "recompute" and "does not report its logprobs_mode (taken as raw)" in resolved.reason
     info = {"model_config": {"logprobs_mode": "processed_logprobs"}}

@@ -220,7 +220,8 @@ def inert_kl_warning(args, sampler=None, dropout: list[str] | None = None) -> st
                 DROPOUT: _DROPOUT_TEXT.format(where=", ".join(dropout or []), disable=args.disable_dropout)}[effect]
         what += "; the run does not train as with beta=0"
     elif effect == EXACTLY_ZERO:
-        what = f"with {divergence} the KL part of every token's gradient is 0 and the run trains exactly as with beta=0"
+        what = (f"with {divergence} the KL part of every token's gradient is 0 and the run trains exactly as with "
+                "beta=0")
     else:
         what = (f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
                 "is 0 (every token inside the trust region, or the differentiable estimator's unclipped KL term) and "
@@ -409,7 +410,7 @@ def _advantage_text(args) -> str:
 
 
 __all__ = ["CLIP_ONLY", "DROPOUT", "EXACTLY_ZERO", "LENGTH_BIAS", "MISMATCH", "ZERO_IN_EXPECTATION", "BatchLayout",
-           "dropout_matters", "dropout_warning", "engine_is_mu", "training_dropout", "batch_layout", "clip_text",
-           "describe_async_objective", "describe_objective", "ignored_fields_warning", "inert_kl_effect",
-           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches",
-           "sampler_clause", "truncated_sampling", "truncated_sampling_warning"]
+           "batch_layout", "clip_text", "describe_async_objective", "describe_objective", "dropout_matters",
+           "dropout_warning", "engine_is_mu", "ignored_fields_warning", "inert_kl_effect", "inert_kl_reason",
+           "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches", "sampler_clause",
+           "training_dropout", "truncated_sampling", "truncated_sampling_warning"]

@@ -95,10 +95,10 @@ class ObjectiveInputs:
 
     ``logp``, ``log_w``, ``log_r``, ``w`` and ``reward_w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are
     constants. ``log_r = logp - logref`` is exact (from the unclamped log-probs); ``log_w`` and ``log_rho`` are the
-    arguments of ``w`` and ``rho``, bounded above by ``LOG_RATIO_BOUND``. ``w`` is the per-token ratio the KL term uses; ``reward_w`` the ratio that
-    weighs the reward term (``w`` itself at token level, the sequence's ratio under GSPO, ``sequence_level=True``:
-    docs/math.md section 4b). ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with
-    ``dual_clip_c`` possibly None.
+    arguments of ``w`` and ``rho``, bounded above by ``LOG_RATIO_BOUND``. ``w`` is the per-token ratio the KL term
+    uses; ``reward_w`` the ratio that weighs the reward term (``w`` itself at token level, the sequence's ratio under
+    GSPO, ``sequence_level=True``: docs/math.md section 4b). ``clip`` is None (no clipping) or ``(eps_low, eps_high,
+    dual_clip_c)`` with ``dual_clip_c`` possibly None.
     """
 
     logp: Tensor

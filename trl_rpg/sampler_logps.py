@@ -44,8 +44,8 @@ ENGINE_KEY = "rpg_engine_logps_step"
 PROCESSED = "processed_logprobs"
 #: Generation settings, besides truncated sampling (`describe.truncated_sampling`), that make the sampler differ
 #: from the policy: each cuts the tokens vLLM may sample (`CUTS`) or reweights them (`REWEIGHTS`) unless its value is
-#: neutral. A `generation_kwargs` entry (passed to vLLM's `SamplingParams`) overrides the config field of the same name,
-#: as in TRL. docs/math.md section 4c lists them with their verdict; `engine_obstacles` names each one set.
+#: neutral. A `generation_kwargs` entry (passed to vLLM's `SamplingParams`) overrides the config field of the same
+#: name, as in TRL. docs/math.md section 4c lists them with their verdict; `engine_obstacles` names each one set.
 CUTS, REWEIGHTS = "cuts the sampler's support", "reweights the sampler's distribution"
 
 
@@ -295,8 +295,9 @@ _EXCLUDED = ("those tokens are excluded from the loss wherever it uses the engin
              "on nothing (rpg/trained_on_nothing). Warned once per run.")
 _BAD_LOGPROBS = {
     "non-finite": "RPGTrainer: %s returned %d non-finite log-prob(s) of sampled tokens in this batch; " + _EXCLUDED,
-    "above 0": (f"RPGTrainer: %s returned %d log-prob(s) of sampled tokens above 0 (by more than {LOGPROB_ROUNDING}) in "
-                "this batch: not log-probs (a server that returns logits or raw scores?); " + _EXCLUDED),
+    "above 0": ("RPGTrainer: %s returned %d log-prob(s) of sampled tokens above 0 (by more than "
+                f"{LOGPROB_ROUNDING}) in this batch: not log-probs (a server that returns logits or raw scores?); "
+                + _EXCLUDED),
 }
 
 
@@ -357,6 +358,7 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
             "sampling/sampling_logp_difference/mean": mean, "sampling/sampling_logp_difference/max": largest}
 
 
-__all__ = ["CUTS", "REWEIGHTS", "SAMPLER_SETTINGS", "sampler_settings", "ENGINE_KEY", "MISMATCH_METRICS", "MODES", "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy",
-           "LOGPROB_ROUNDING", "check_config", "checked_output", "engine_name", "engine_obstacles",
-           "mismatch_metrics", "mu", "server_obstacle", "server_url", "trained_tokens"]
+__all__ = ["CUTS", "ENGINE_KEY", "LOGPROB_ROUNDING", "MISMATCH_METRICS", "MODES", "REWEIGHTS", "SAMPLER_SETTINGS",
+           "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy", "check_config", "checked_output",
+           "engine_name", "engine_obstacles", "mismatch_metrics", "mu", "sampler_settings", "server_obstacle",
+           "server_url", "trained_tokens"]
