@@ -18,6 +18,7 @@ aggregation are the library's own (`objectives.rpg_per_token_loss`, `loss.aggreg
 
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 
@@ -67,6 +68,7 @@ def token_logps(theta: torch.Tensor) -> torch.Tensor:
     return logp * MASK
 
 
+@functools.cache
 def expected_loss_gradient(loss_type, divergence, estimator, beta) -> torch.Tensor:
     """E over batches of GROUP independent completions of the gradient of the trainer's loss (on-policy, the
     reference the sampler: w = r = 1), exactly."""
