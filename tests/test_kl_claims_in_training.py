@@ -127,3 +127,29 @@ def test_dropout_makes_beta_act_against_a_reference_refreshed_every_step_and_say
     assert moved(off[2.0][0], off[0.5][0]) < SAME < max_difference(parameters(trainer), trainer.initial)
     assert "trains exactly as with beta=0" in said and "RPGTrainer: beta" not in said
     assert "The KL term is 0 at every token here" in line
+
+
+def test_where_dropout_acts_in_the_training_forward():
+    """`describe.training_dropout`: the model config's attention_dropout (which TRL's disable_dropout does not reach),
+    an nn.Dropout with p > 0, the active LoRA adapter's lora_dropout; not RPG's frozen "ref" adapter's, which never
+    trains."""
+    from _tiny import tiny_model, tiny_tokenizer
+    from peft import get_peft_model
+    from torch import nn
+
+    from trl_rpg.describe import training_dropout
+
+    model = tiny_model(tiny_tokenizer())
+    assert training_dropout(model) == []
+    model.config.attention_dropout = 0.1
+    assert training_dropout(model) == ["attention_dropout=0.1"]
+    model.config.attention_dropout = 0.0
+    model.model.layers[0].mlp.extra = nn.Dropout(0.2)
+    assert training_dropout(model) == ["model dropout p=0.2"]
+    model.model.layers[0].mlp.extra = nn.Dropout(0.0)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], lora_dropout=0.0,
+                                            task_type="CAUSAL_LM"))
+    peft.add_adapter("ref", LORA_DROPOUT)
+    assert training_dropout(peft) == []  # only the inactive "ref" adapter has dropout
+    peft.set_adapter("ref")
+    assert training_dropout(peft) == ["lora_dropout=0.3"]
