@@ -90,10 +90,15 @@ def test_the_warning_says_why_the_kl_term_is_inert(tmp_path):
     assert "exactly as with beta=0" in text  # urkl: the KL part is 0 at every token
     with pytest.warns(UserWarning, match=INERT) as record:
         RPGConfig(**cpu_args(tmp_path, beta=0.1, rpg_divergence="fkl", steps_per_generation=2,
-                             gradient_accumulation_steps=4, num_iterations=2))
+                             gradient_accumulation_steps=4, num_iterations=2, loss_type="dr_grpo"))
     [text] = [str(r.message) for r in record if INERT in str(r.message)]
     assert "no optimizer step falls between a batch's generation and its use" in text
-    assert "mean under the sampler is 0" in text  # fkl: +-beta*w per token, zero in expectation
+    assert "mean under the sampler is 0" in text  # fkl: +-beta*w per token, zero in expectation (fixed normaliser)
+    with pytest.warns(UserWarning, match="regularises towards nothing you asked for") as record:  # dapo: issue 45
+        RPGConfig(**cpu_args(tmp_path, beta=0.1, rpg_divergence="fkl", steps_per_generation=2,
+                             gradient_accumulation_steps=4, num_iterations=2))
+    [text] = [str(r.message) for r in record if "nothing you asked for" in str(r.message)]
+    assert "length bias towards shorter completions" in text and "does not train as with beta=0" in text
 
 
 def test_start_line_says_what_normalize_then_sum_trains(tmp_path):

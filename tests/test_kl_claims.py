@@ -7,7 +7,9 @@ expectation" for all four divergences. By exact enumeration (tests/_enumeration.
 UFKL and URKL are exactly beta-independent; FKL and RKL (C_KL = +-beta*w at r = 1) are in expectation, except with
 the REINFORCE clip on reused batches, which keeps tokens by the sign of A' = A +- beta: there the expected gradient at
 beta = 0.5 differs from beta = 0's by 2.1x (FKL) and 1.6x (RKL) its norm on this problem (the issue measured up to
-19.8x and 8.7x). `describe.inert_kl_effect` must say which, and the texts must follow it.
+19.8x and 8.7x). `describe.inert_kl_effect` must say which, and the texts must follow it. The enumeration is per
+token, as under a fixed normaliser (`loss_type="dr_grpo"`, the configs here); under the others FKL/RKL's constant is
+a length bias (issue 45: tests/test_kl_normalisation.py).
 """
 
 import warnings
@@ -29,7 +31,7 @@ def config(tmp_path, divergence, estimator, layout):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*regularises", category=UserWarning)
         return RPGConfig(**cpu_args(tmp_path, beta=0.5, rpg_divergence=divergence, rpg_estimator=estimator,
-                                    **LAYOUTS[layout]))
+                                    loss_type="dr_grpo", **LAYOUTS[layout]))
 
 
 def expected_gradient(divergence, estimator, layout, beta):

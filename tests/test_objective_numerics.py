@@ -228,3 +228,44 @@ def test_a_ratio_exactly_on_a_bound_is_outside_the_trust_region_for_the_kl_part_
     logp = float(torch.tensor(math.log(w), dtype=torch.float32))
     assert torch.exp(torch.tensor(logp)) == torch.tensor(w, dtype=torch.float32)  # exactly the bound in float32
     assert kl_coefficient(logp, 0.0, logp - log_r, adv, divergence) == pytest.approx(expected, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 45: exp arguments bounded above only (docs/math.md section 3, numerics)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def kl_part(log_w, log_rho, divergence, estimator, dtype, clip):
+    """-d loss / d logp of one token with A = 0 (the KL part alone), beta = 0.5, the sampler at log-prob -1."""
+    logmu = torch.tensor([[-1.0]], dtype=dtype)
+    logp = (logmu + log_w).requires_grad_(True)
+    loss, stats = rpg_per_token_loss(logp, logmu, torch.zeros(1, dtype=dtype), torch.ones(1, 1, dtype=dtype),
+                                     ref_logps=logmu + log_rho, divergence=divergence, estimator=estimator,
+                                     beta=0.5, **clip)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    return -grad.item(), stats
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", ["fkl, inside the trust region", "fkl, no clip", "ufkl, no clip"])
+def test_a_tiny_rho_is_exact_no_lower_bound_on_exp(case, estimator, dtype):
+    """log rho = -30 (a token the reference gives e^-30 of the sampler's probability): FKL's KL part beta*rho and
+    UFKL's beta*(rho - w) (here with log w = -31) are exact to float rounding. A lower bound of -20 on the arguments
+    of exp made them e^10 = 2.2e4 times too large (UFKL's: 0, both ratios at e^-20)."""
+    divergence = case.split(",")[0]
+    clip = CLIPS[1] if "inside" in case else CLIPS[0]
+    log_w, log_rho = (0.05, -30.0) if divergence == "fkl" else (-31.0, -30.0)
+    got, _ = kl_part(log_w, log_rho, divergence, estimator, dtype, clip)
+    exact = 0.5 * math.exp(log_rho) if divergence == "fkl" else 0.5 * (math.exp(log_rho) - math.exp(log_w))
+    assert got == pytest.approx(exact, rel=1e-4)
+
+
+@pytest.mark.parametrize("divergence,estimator", PAIRS)
+@pytest.mark.parametrize("log_ratio", [30.0, 88.0, 100.0, 1000.0])
+def test_a_large_positive_log_rho_or_log_w_stays_finite(divergence, estimator, log_ratio):
+    """Above, the bound stays: exp(log rho) and exp(log w) overflow float32 near +88.7."""
+    for log_w, log_rho in ((0.05, log_ratio), (log_ratio, 0.0)):
+        for clip in CLIPS:
+            got, stats = kl_part(log_w, log_rho, divergence, estimator, torch.float32, clip)
+            assert math.isfinite(got) and all(torch.isfinite(v) for v in stats.values())

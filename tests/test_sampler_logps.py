@@ -244,7 +244,10 @@ def test_the_mismatch_is_logged_where_pi_theta_is_pi_old(perturbed):
     gap = (served_values(engine, inputs, "policy_logprobs") - served_values(engine, inputs, "logprobs")).abs()
     assert mean[4] == pytest.approx(gap[valid].mean().item(), rel=1e-3)
     assert logged(perturbed, "rpg/sampler_mismatch_max")[4] == pytest.approx(gap[valid].max().item(), rel=1e-3)
-    assert mean[4] > 0.1 and logged(perturbed, "rpg/sampler_mismatch_kl")[4] > 0
+    log_w = (served_values(engine, inputs, "policy_logprobs") - served_values(engine, inputs, "logprobs"))[valid]
+    assert logged(perturbed, "rpg/sampler_mismatch_kl")[4] == pytest.approx((log_w.exp() - 1 - log_w).mean().item(),
+                                                                           rel=1e-3)
+    assert mean[4] > 0.1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -278,6 +281,87 @@ def test_an_infinite_logprob_per_completion_is_excluded_not_every_sequence_rejec
     assert logged(trainer, "rpg/excluded_tokens") == [8.0, 8.0]  # one token of each of the 8 completions per step
     assert max(logged(trainer, "sampling/importance_sampling_ratio/min")) > 0
     assert max_difference(parameters(trainer), initial) > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Issue 46: log-probs above 0 (a server that returns logits) are not log-probs: excluded, counted, warned once
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def logits_for(positions):
+    """A rewrite giving the sampled token at `positions` (None: every position) a "log-prob" of 3 + |log-prob|, as
+    a server returning logits would."""
+
+    def rewrite(completion):
+        for i, top in enumerate(completion.logprobs):
+            if positions is None or i in positions:
+                completion.logprobs[i] = {t: type(lp)(3.0 + abs(lp.logprob), lp.rank) for t, lp in top.items()}
+        return completion
+
+    return rewrite
+
+
+@pytest.mark.parametrize("mode", ["engine", "recompute"])
+def test_logits_for_logprobs_train_nothing_and_the_run_says_so(fake_vllm, model_dir, tmp_path, caplog, mode):
+    """Every sampled token's "log-prob" above 0: before, "recompute" trained nothing (TRL's correction pi_old/mu ~ 0:
+    parameters moved 1.7e-14 in 4 steps) with no warning and `rpg/trained_on_nothing` 0, and "engine" trained with
+    w ~ 0.001. Now every token is excluded and counted, one warning says why, and the verdict is "trained on
+    nothing"."""
+    trainer = build(model_dir, tmp_path, max_steps=2, rpg_sampler_logps=mode)
+    rewrite_outputs(engine_of(trainer), logits_for(None))
+    initial = parameters(trainer)
+    with caplog.at_level("WARNING", logger="trl_rpg"):
+        metrics = trainer.train().metrics
+    assert trainer.sampler_logps.mode == mode
+    warned = [r.getMessage() for r in caplog.records if "log-prob(s) of sampled tokens above 0" in r.getMessage()]
+    assert len(warned) == 1 and "logits" in warned[0]
+    excluded = logged(trainer, "rpg/excluded_tokens")
+    assert len(excluded) == 2 and min(excluded) > 0
+    assert excluded[-1] == trainer._buffered_inputs[1]["completion_mask"].sum()  # every token of the micro-batch
+    assert metrics["rpg/trained_on_nothing"] == 1.0 and "every completion token masked" in \
+        metrics["rpg/trained_on_nothing_reason"]
+    assert max_difference(parameters(trainer), initial) == 0.0
+
+
+def test_a_logprob_above_0_is_excluded_the_rest_trains(fake_vllm, model_dir, tmp_path, caplog):
+    """Engine mode, the first token of every completion with a positive "log-prob": those 8 tokens per step are
+    excluded and counted (not trained with w ~ e^-3), the rest trains, one warning for the run."""
+    trainer = build(model_dir, tmp_path, max_steps=2)
+    rewrite_outputs(engine_of(trainer), logits_for({0}))
+    initial = parameters(trainer)
+    with caplog.at_level("WARNING", logger="trl_rpg"):
+        metrics = trainer.train().metrics
+    assert trainer.sampler_logps.mode == "engine"
+    assert logged(trainer, "rpg/excluded_tokens") == [8.0, 8.0]
+    assert sum("log-prob(s) of sampled tokens above 0" in r.getMessage() for r in caplog.records) == 1
+    assert metrics["rpg/trained_on_nothing"] == 0.0 and max_difference(parameters(trainer), initial) > 1e-3
+
+
+def test_rounding_above_0_is_a_logprob_beyond_it_is_not_and_each_kind_is_warned_once(caplog):
+    """Up to LOGPROB_ROUNDING above 0 is float rounding of a near-certain token (kept); beyond it, not a log-prob."""
+    from trl_rpg.sampler_logps import LOGPROB_ROUNDING
+
+    warned = set()
+    logprobs = [[[-0.1], [LOGPROB_ROUNDING], [0.0], [2 * LOGPROB_ROUNDING], [7.5], [math.nan]]]
+    with caplog.at_level("WARNING", logger="trl_rpg"):
+        for _ in range(3):
+            output = checked_output(([[1]], [[5, 6, 7, 8, 9, 10]], logprobs, None), ENGINE, warned)
+            assert output[2] == [[[-0.1], [LOGPROB_ROUNDING], [0.0], [None], [None], [None]]]
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2 and warned == {"above 0", "non-finite"}
+    assert "returned 2 log-prob(s) of sampled tokens above 0" in messages[1] and "logits" in messages[1]
+
+
+def test_the_mismatch_kl_reads_log_w_with_its_sign():
+    """`rpg/sampler_mismatch_kl` is k3 = w - 1 - log w with log w = log pi_old - log mu: with log w = +0.5 at both
+    tokens it is e^0.5 - 1.5 = 0.1487; flipping the sign of log w gives e^-0.5 - 0.5 = 0.1065 (the mean and max of
+    |log w| cannot tell)."""
+    from trl_rpg.sampler_logps import mismatch_metrics
+
+    logps, sampler = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.5]])
+    metrics = mismatch_metrics(logps, sampler, torch.ones(1, 2), lambda t: t)
+    assert metrics["rpg/sampler_mismatch_kl"] == pytest.approx(math.exp(0.5) - 1.5, rel=1e-6)
+    assert metrics["rpg/sampler_mismatch_mean"] == pytest.approx(0.5) == metrics["rpg/sampler_mismatch_max"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -367,6 +451,80 @@ def test_engine_is_refused_where_it_is_not_exact_and_auto_recomputes(tmp_path, s
                                                     rollout_func=None)).mode == "engine"
     with pytest.raises(ValueError, match=r"`rpg_sampler_logps`='vllm' is not allowed; choose one of \['auto'"):
         RPGConfig(**cpu_args(tmp_path, rpg_sampler_logps="vllm"))
+
+
+#: Issue 45: every generation setting that cuts the sampler's support or reweights it, one case each (the table of
+#: docs/math.md section 4c): "auto" recomputes, naming it; "engine" is refused naming it.
+SAMPLER_SETTINGS_CASES = [
+    ("min_tokens", {"generation_kwargs": {"min_tokens": 4}}, "min_tokens=4"),
+    ("bad_words", {"generation_kwargs": {"bad_words": ["abc"]}}, "bad_words=['abc']"),
+    ("allowed_token_ids", {"generation_kwargs": {"allowed_token_ids": [1, 2]}}, "allowed_token_ids=[1, 2]"),
+    ("structured_outputs", {"generation_kwargs": {"structured_outputs": {"regex": "[0-9]+"}}},
+     "structured_outputs={'regex': '[0-9]+'}"),
+    ("guided_decoding", {"generation_kwargs": {"guided_decoding": {"choice": ["a", "b"]}}}, "guided_decoding="),
+    ("logit_bias", {"generation_kwargs": {"logit_bias": {5: -100}}}, "logit_bias={5: -100}"),
+    ("logit_bias", {"generation_kwargs": {"logit_bias": {5: 2.0}}}, "logit_bias={5: 2.0}"),
+    ("logits_processors", {"generation_kwargs": {"logits_processors": ["my.Processor"]}},
+     "logits_processors=['my.Processor']"),
+    ("repetition_penalty", {"repetition_penalty": 1.1}, "repetition_penalty=1.1"),
+    ("repetition_penalty", {"generation_kwargs": {"repetition_penalty": 0.9}}, "repetition_penalty=0.9"),
+    ("presence_penalty", {"generation_kwargs": {"presence_penalty": 0.5}}, "presence_penalty=0.5"),
+    ("frequency_penalty", {"generation_kwargs": {"frequency_penalty": -0.5}}, "frequency_penalty=-0.5"),
+]
+NEUTRAL = {"min_tokens": 0, "bad_words": [], "allowed_token_ids": None, "structured_outputs": None,
+           "guided_decoding": None, "logit_bias": {5: 0.0}, "logits_processors": [], "repetition_penalty": 1.0,
+           "presence_penalty": 0.0, "frequency_penalty": 0.0, "temperature": 0.7}
+
+
+def resolved_mode(tmp_path, **setting) -> SamplerLogps:
+    args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="colocate", beta=0.1, **setting))
+    return SamplerLogps.for_trainer(SimpleNamespace(args=args, rollout_func=None))
+
+
+@pytest.mark.parametrize("name,setting,named", SAMPLER_SETTINGS_CASES, ids=[c[2] for c in SAMPLER_SETTINGS_CASES])
+def test_each_sampler_setting_keeps_auto_on_recompute(tmp_path, name, setting, named):
+    """`min_tokens` or a `logit_bias` of -100 cut the support as `allowed_token_ids` does; penalties and a positive
+    bias reweight it: "auto" used to pick "engine" under them (and under all but three support settings)."""
+    resolved = resolved_mode(tmp_path, **setting)
+    assert resolved.mode == "recompute" and named in resolved.reason
+    with pytest.raises(ValueError, match="`rpg_sampler_logps`='engine' is not allowed here"):
+        RPGConfig(**cpu_args(tmp_path, use_vllm=True, beta=0.1, rpg_sampler_logps="engine", **setting))
+    assert name in NEUTRAL
+
+
+def test_neutral_sampler_settings_keep_the_engine(tmp_path):
+    """Each setting at its neutral value (and temperature, which the processed log-probs include) leaves "auto" on
+    "engine"."""
+    assert resolved_mode(tmp_path, generation_kwargs=dict(NEUTRAL)).mode == "engine"
+    assert resolved_mode(tmp_path, repetition_penalty=1.0, temperature=0.7).mode == "engine"
+
+
+def test_the_sampler_settings_table_is_the_code_and_the_docs():
+    """Every setting the code checks has a case above and a row in docs/math.md section 4c (and the reverse)."""
+    from pathlib import Path
+
+    from trl_rpg.sampler_logps import SAMPLER_SETTINGS
+
+    assert set(SAMPLER_SETTINGS) == {c[0] for c in SAMPLER_SETTINGS_CASES} == set(NEUTRAL) - {"temperature"}
+    text = (Path(__file__).resolve().parents[1] / "docs" / "math.md").read_text()
+    section = text[text.index("## 4c."):text.index("## 5.")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    for name in [*SAMPLER_SETTINGS, "top_p", "top_k", "min_p", "vllm_structured_outputs_regex", "temperature"]:
+        assert sum(f"`{name}" in row for row in rows) == 1, name
+
+
+@pytest.mark.parametrize("info", [{"model_config": {}}, {"model_config": {"logprobs_mode": None}}, {}, None],
+                         ids=["no-mode", "mode-none", "no-model-config", "no-info"])
+def test_a_server_that_does_not_report_its_logprobs_mode_is_taken_as_raw(tmp_path, info):
+    """Nothing says such a server's log-probs are the sampler's: "auto" recomputes, naming it."""
+    args = RPGConfig(**cpu_args(tmp_path, use_vllm=True, vllm_mode="server", beta=0.1))
+    client = SimpleNamespace(get_server_info=lambda: info)
+    trainer = SimpleNamespace(args=args, rollout_func=None, vllm_generation=SimpleNamespace(vllm_client=client),
+                              accelerator=SimpleNamespace(is_main_process=True, num_processes=1))
+    resolved = SamplerLogps.for_trainer(trainer)
+    assert resolved.mode == "recompute" and "does not report its logprobs_mode (taken as raw)" in resolved.reason
+    info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
+    assert SamplerLogps.for_trainer(trainer).mode == "engine"
 
 
 def test_a_rollout_func_keeps_the_recomputed_mu(tmp_path):

@@ -12,6 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from torch import nn
+
 from .grpo_fields import GRPO_FIELDS
 from .objectives import DIVERGENCE_TABLE
 from .reward_scale import startup_note
@@ -104,48 +106,143 @@ def kl_term_is_inert(args) -> bool:
     return inert_kl_reason(args) is not None
 
 
-#: What beta does where log(pi/ref) = 0 at every token (`inert_kl_effect`), docs/math.md section 3.
+#: What beta does where the layout makes log(pi/ref) = 0 at every token (`inert_kl_effect`), docs/math.md sections
+#: 2 and 3: nothing (`EXACTLY_ZERO`, `ZERO_IN_EXPECTATION`), or something nobody asked for (the others).
 EXACTLY_ZERO, ZERO_IN_EXPECTATION, CLIP_ONLY = "exactly zero", "zero in expectation", "through the clip only"
+LENGTH_BIAS, MISMATCH, DROPOUT = "a length bias", "the train/inference mismatch", "dropout in the training forward"
 
 
-def inert_kl_effect(args) -> str | None:
-    """What beta does where the KL term is inert by construction (None where it can act). At r = 1 every KL part is
-    `beta * w * h(1)`: UFKL and URKL have h(1) = 0, so `EXACTLY_ZERO`. FKL and RKL have `+-beta * w`, whose mean under
-    the sampler is 0 (`ZERO_IN_EXPECTATION`) where nothing selects tokens by it: every micro-batch on-policy (w = 1,
-    every token inside the trust region) or the differentiable estimator (its KL term is unclipped). With the
-    REINFORCE estimator on reused batches the clip keeps each token by the sign of A' = A +- beta: `CLIP_ONLY`, the
-    expected gradient changes with beta though nothing pulls towards a reference."""
+def engine_is_mu(args, sampler=None) -> bool:
+    """Whether mu (and, with the sampler as reference, the reference) is the vLLM engine's log-probs: the resolved
+    `sampler` says (`sampler_logps.SamplerLogps`); without one, whether `rpg_sampler_logps` picks the engine from the
+    config alone (a server's reported log-prob mode, known only to the trainer, may still make it recompute)."""
+    if sampler is not None:
+        return sampler.mode == "engine"
+    from .sampler_logps import engine_obstacles  # which imports this module
+
+    return bool(args.use_vllm) and args.rpg_sampler_logps != "recompute" and not engine_obstacles(args)
+
+
+def dropout_matters(args) -> bool:
+    """Whether dropout in the training forward would make log(pi/ref) != 0 where the layout makes it 0: against a
+    reference refreshed every step (its pass runs without dropout, `reference.without_dropout`), and against a sampler
+    whose log-probs come from another pass (vLLM: TRL's recomputation or the engine). With the sampler as reference
+    and no vLLM, mu is the training forward's own log-probs (TRL keeps no old log-probs on-policy): w = 1 exactly."""
+    return args.rpg_reference == "periodic" or bool(args.use_vllm)
+
+
+def training_dropout(model) -> list[str]:
+    """Where dropout acts in `model`'s training forward: `nn.Dropout` modules with p > 0 (the model's own, the active
+    LoRA adapter's `lora_dropout`: not RPG's frozen "ref" copy, which never trains) and a config `attention_dropout`
+    > 0 (read from `self.training`, which TRL's `disable_dropout` leaves alone). Empty: the training forward is
+    deterministic."""
+    active = getattr(model, "active_adapter", "default")
+    active = {active} if isinstance(active, str) else set(active)
+    found = set()
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            owner, _, adapter = name.rpartition(".")
+            if owner.endswith("lora_dropout"):
+                if adapter in active:
+                    found.add(f"lora_dropout={module.p}")
+            else:
+                found.add(f"model dropout p={module.p}")
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}
+    found |= {f"attention_dropout={c.attention_dropout}" for c in configs.values()
+              if isinstance(getattr(c, "attention_dropout", None), (int, float)) and c.attention_dropout > 0}
+    return sorted(found)
+
+
+def inert_kl_effect(args, sampler=None, dropout: bool = False) -> str | None:
+    """What beta does where the layout makes the KL term inert (`inert_kl_reason`; None where it can act anyway).
+
+    First what makes pi_theta in the training forward differ from its reference all the same: mu (the reference) from
+    the vLLM engine (`MISMATCH`: w = pi_theta/mu_engine != 1 on-policy, beta pulls towards the engine's distribution)
+    and `dropout` on in the training forward where it matters (`DROPOUT`, `dropout_matters`). Else, at r = 1, every KL
+    part is `beta * w * h(1)`: UFKL and URKL have h(1) = 0, `EXACTLY_ZERO`. FKL and RKL have `+-beta * w`: with the
+    REINFORCE estimator on reused batches the clip keeps each token by the sign of A' = A +- beta (`CLIP_ONLY`);
+    elsewhere its mean under the sampler is 0 per token, but the batch loss weighs each token by 1/N, and only a fixed
+    N (`loss_type="dr_grpo"`) keeps it 0 (`ZERO_IN_EXPECTATION`): with N the completion's or the batch's token count
+    the constant is `LENGTH_BIAS` (FKL shortens completions, RKL lengthens them; docs/math.md section 3)."""
     if not kl_term_is_inert(args):
         return None
+    if args.rpg_reference == "sampling" and engine_is_mu(args, sampler):
+        return MISMATCH
+    if dropout and dropout_matters(args):
+        return DROPOUT
     if args.rpg_divergence in ("ufkl", "urkl"):
         return EXACTLY_ZERO
     if args.rpg_estimator == "reinforce" and batch_layout(args).off_policy > 0:
         return CLIP_ONLY
-    return ZERO_IN_EXPECTATION
+    return ZERO_IN_EXPECTATION if args.loss_type == "dr_grpo" else LENGTH_BIAS
 
 
-def inert_kl_warning(args) -> str:
-    """The construction warning for a KL term that is inert by construction (`inert_kl_reason`), saying what beta
-    does there for this divergence and estimator (`inert_kl_effect`)."""
-    effect, divergence = inert_kl_effect(args), f"rpg_divergence={args.rpg_divergence!r}"
+def _length_bias_text(args) -> str:
+    way = "shorter" if args.rpg_divergence == "fkl" else "longer"
+    sign = "+" if args.rpg_divergence == "fkl" else "-"
+    return (f"under loss_type={args.loss_type!r} each token's loss is divided by a count that depends on the sampled "
+            f"completions, so its constant {sign}beta*w per token (rpg_divergence={args.rpg_divergence!r}) is a "
+            f"length bias towards {way} completions (by exact enumeration up to 61% (dapo) and 115% (grpo) of the "
+            "reward term's gradient at beta=1; docs/math.md section 3, Normalisation); loss_type='dr_grpo' (a fixed "
+            "normaliser) or rpg_divergence='ufkl'/'urkl' (no constant part) removes it")
+
+
+_MISMATCH_TEXT = ("but mu, and with it the reference, is the vLLM engine's log-probs (rpg_sampler_logps="
+                  "{mode!r}): they differ from the trainer's by the train/inference mismatch, so w = pi_theta/mu != 1 "
+                  "on-policy and beta pulls the policy towards the engine's distribution (logged as "
+                  "rpg/sampler_mismatch_*); rpg_sampler_logps='recompute' removes it")
+_DROPOUT_TEXT = ("but dropout is on in the training forward ({where}; disable_dropout={disable}), so the policy that "
+                 "trains is not its reference and beta acts; disable_dropout=True (and a model config attention_"
+                 "dropout of 0, which disable_dropout does not reach) removes it")
+#: Where dropout is not known yet (the config, before the model): the proviso of an inert claim.
+_DROPOUT_PROVISO = (" This holds only without dropout in the training forward: with disable_dropout=False and a model "
+                    "or LoRA adapter with dropout > 0 (RPGTrainer checks the model and warns), beta acts; set "
+                    "disable_dropout=True.")
+
+
+def inert_kl_warning(args, sampler=None, dropout: list[str] | None = None) -> str:
+    """The construction warning for a KL term that the layout makes inert (`inert_kl_reason`), saying what beta does
+    there (`inert_kl_effect`); `dropout` (where it acts, `training_dropout`; None: not known yet, the config's own
+    warning) decides the dropout case."""
+    effect = inert_kl_effect(args, sampler, bool(dropout))
+    divergence = f"rpg_divergence={args.rpg_divergence!r}"
+    head = f"beta={args.beta} regularises nothing here"
     if effect == CLIP_ONLY:
         head = f"beta={args.beta} regularises towards nothing here, yet changes the gradient"
         what = (f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
                 "is 0 only without the clip: RPG-Style Clip keeps or drops each token outside the trust region by the "
                 "sign of A' = A +- beta (rpg_estimator='reinforce'), so the run trains neither as with beta=0 nor "
                 "towards a reference (docs/math.md section 3)")
-    else:
-        head = f"beta={args.beta} regularises nothing here"
+    elif effect in (LENGTH_BIAS, MISMATCH, DROPOUT):
+        head = f"beta={args.beta} regularises towards nothing you asked for here, yet changes the training"
+        what = {LENGTH_BIAS: _length_bias_text(args),
+                MISMATCH: _MISMATCH_TEXT.format(mode=args.rpg_sampler_logps),
+                DROPOUT: _DROPOUT_TEXT.format(where=", ".join(dropout or []), disable=args.disable_dropout)}[effect]
+        what += "; the run does not train as with beta=0"
+    elif effect == EXACTLY_ZERO:
         what = (f"with {divergence} the KL part of every token's gradient is 0 and the run trains exactly as with "
-                "beta=0" if effect == EXACTLY_ZERO else
-                f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
-                "is 0 (every token inside the trust region, or the differentiable estimator's unclipped KL term), so "
-                "the run trains as with beta=0 in expectation")
-    return (f"RPGConfig: {head}. {inert_kl_reason(args)} and log(pi/ref) = 0 at every token: {what}. Reuse each batch "
-            "for several optimizer steps (rpg_generation_reuse > 1, steps_per_generation > "
-            "gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, or regularise towards "
-            "a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with rpg_reference_update_steps > "
-            "1, or 'adaptive').")
+                "beta=0")
+    else:
+        what = (f"with {divergence} the KL part of every token's gradient is +-beta*w, whose mean under the sampler "
+                "is 0 (every token inside the trust region, or the differentiable estimator's unclipped KL term) and "
+                "loss_type='dr_grpo' divides every token by the same count, so the run trains as with beta=0 in "
+                "expectation")
+    proviso = (_DROPOUT_PROVISO if dropout is None and effect in (EXACTLY_ZERO, ZERO_IN_EXPECTATION)
+               and dropout_matters(args) and not args.disable_dropout else "")
+    return (f"RPGConfig: {head}. {inert_kl_reason(args)} and log(pi/ref) = 0 at every token of the trainer's "
+            f"forward: {what}.{proviso} Reuse each batch for several optimizer steps (rpg_generation_reuse > 1, "
+            "steps_per_generation > gradient_accumulation_steps or num_iterations > 1) with the sampler as reference, "
+            "or regularise towards a fixed or slower-moving policy (rpg_reference='initial', 'periodic' with "
+            "rpg_reference_update_steps > 1, or 'adaptive').")
+
+
+def dropout_warning(args, sampler, model) -> str | None:
+    """The trainer's construction warning where dropout in `model`'s training forward makes beta act although the
+    layout makes the KL term inert (None elsewhere); what the config could not know."""
+    where = training_dropout(model)
+    if inert_kl_effect(args, sampler, bool(where)) != DROPOUT:
+        return None
+    return inert_kl_warning(args, sampler, where).replace("RPGConfig:", "RPGTrainer:", 1)
 
 
 def truncated_sampling(args) -> list[str]:
@@ -227,11 +324,12 @@ def clip_text(args) -> str:
     return f"clip [1 - {args.epsilon}, 1 + {args.epsilon_high}] with {dual}"
 
 
-def describe_objective(args, sampler=None, precision: str | None = None) -> str:
+def describe_objective(args, sampler=None, precision: str | None = None, dropout: list[str] | None = None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; with vLLM generation,
     what mu is (`sampler`, a resolved `trl_rpg.sampler_logps.SamplerLogps`: `sampler_clause`); then the `precision`
-    it trains in, when given (`trl_rpg.precision.precision_clause`)."""
+    it trains in, when given (`trl_rpg.precision.precision_clause`). `dropout`: where dropout acts in the training
+    forward (`training_dropout`), which can make beta act (`inert_kl_effect`)."""
     engine = sampler is not None and sampler.mode == "engine"
     line = (f"RPGTrainer: {objective_text(args)}, reference: "
             f"{_REFERENCE_TEXT[args.rpg_reference].format(**vars(args))} (rpg_reference={args.rpg_reference!r}); "
@@ -247,10 +345,20 @@ def describe_objective(args, sampler=None, precision: str | None = None) -> str:
     elif kl_term_is_inert(args):
         why = ("reference = sampler, every micro-batch on-policy" if args.rpg_reference == "sampling" else
                "reference refreshed to the policy after every optimizer step")
+        effect = inert_kl_effect(args, sampler, bool(dropout))
+        acts = {CLIP_ONLY: "its +-beta*w changes which tokens the clip keeps",
+                LENGTH_BIAS: f"its +-beta*w is a length bias under loss_type={args.loss_type!r} "
+                             f"({'FKL: shorter' if args.rpg_divergence == 'fkl' else 'RKL: longer'} completions; "
+                             "loss_type='dr_grpo' removes it)",
+                MISMATCH: "mu and the reference are the engine's log-probs, so the train/inference mismatch makes "
+                          "w != 1 and beta pulls towards the engine's distribution (rpg_sampler_logps='recompute' "
+                          "removes it)",
+                DROPOUT: f"dropout is on in the training forward ({', '.join(dropout or [])}), so the policy is not "
+                         "its reference (disable_dropout=True removes it)"}
         line += {EXACTLY_ZERO: f" The KL term is 0 at every token here ({why}): the run trains as with beta=0.",
                  ZERO_IN_EXPECTATION: f" The KL term has zero expected gradient here ({why}).",
-                 CLIP_ONLY: f" The KL term regularises towards nothing here ({why}), but its +-beta*w changes which "
-                            "tokens the clip keeps: not the same as beta=0."}[inert_kl_effect(args)]
+                 }.get(effect, f" The KL term regularises towards nothing here ({why}), but {acts.get(effect)}: not "
+                               "the same as beta=0.")
     line += sampler_clause(args, sampler)
     if precision:
         line += f" Precision: {precision}."
@@ -301,7 +409,8 @@ def _advantage_text(args) -> str:
             f"{args.scale_rewards!r}{_scale_clause(args)})")
 
 
-__all__ = ["CLIP_ONLY", "EXACTLY_ZERO", "ZERO_IN_EXPECTATION", "BatchLayout", "batch_layout", "clip_text",
-           "describe_async_objective", "describe_objective", "ignored_fields_warning", "inert_kl_effect",
-           "inert_kl_reason", "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches",
-           "sampler_clause", "truncated_sampling", "truncated_sampling_warning"]
+__all__ = ["CLIP_ONLY", "DROPOUT", "EXACTLY_ZERO", "LENGTH_BIAS", "MISMATCH", "ZERO_IN_EXPECTATION", "BatchLayout",
+           "batch_layout", "clip_text", "describe_async_objective", "describe_objective", "dropout_matters",
+           "dropout_warning", "engine_is_mu", "ignored_fields_warning", "inert_kl_effect", "inert_kl_reason",
+           "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches", "sampler_clause",
+           "training_dropout", "truncated_sampling", "truncated_sampling_warning"]

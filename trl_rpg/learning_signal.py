@@ -146,7 +146,9 @@ NO_UPDATE = "learning rate 0: no update"
 HINTS = {
     ZERO_SPREAD: ("every completion of a prompt got the same reward: a constant reward, a model that never writes an "
                   "answer, greedy sampling (top_k=1, temperature ~0) or a task already solved"),
-    ALL_MASKED: ("mask_truncated_completions=True and every completion truncated: raise max_completion_length"),
+    ALL_MASKED: ("mask_truncated_completions=True and every completion truncated: raise max_completion_length; or "
+                 "every token's sampler log-prob from the vLLM engine excluded (not finite, or above 0: see the "
+                 "engine's warning)"),
     ZERO_ADVANTAGE: "rewards differ but every advantage is 0: check the reward scale and scale_rewards",
     SKIPPED: "the gradient norm was not finite: see the skipped-step warnings",
     ZERO_GRADIENT: ("the gradient norm was 0.0: every trained-on token sat in a zero-gradient region of the clip "

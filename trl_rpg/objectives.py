@@ -19,11 +19,13 @@ value and its ``kl_weight``) in :data:`DIVERGENCE_TABLE`, and one body per estim
 :func:`rpg_per_token_loss` validates the inputs, handles masking, non-finite values and numerics, and dispatches.
 
 Numerics: all arithmetic runs in at least float32 (bfloat16/float16 inputs are upcast). Only the arguments of ``exp``
-are clamped, to ``[-LOG_RATIO_BOUND, LOG_RATIO_BOUND]`` (= +-20, so ``w, rho <= 4.9e8``): beyond the bound the ratio
-saturates and, for the fully differentiable estimators, its gradient through ``w`` is zero. ``log r = logp - logref``
-is formed from the unclamped log-probs (docs/math.md section 3): the weights that read it (RKL, URKL) are exact
-however far the reference is from the sampler (FKL's and UFKL's read the clamped ``rho``). Products such as
-``w * log r`` stay below ``4.9e8 * |log r|``, far from overflow for finite log-probs (float32 ``exp``: ~88.7).
+are bounded, and above only, at ``LOG_RATIO_BOUND`` (= 20, so ``w, rho <= 4.9e8``; float32 ``exp`` overflows near
++88.7): beyond it the ratio saturates and, for the fully differentiable estimators, its gradient through ``w`` is
+zero. Below, ``exp`` underflows to 0 exactly, so no lower bound is applied (one at -20 made FKL's ``beta * rho`` and
+UFKL's ``beta * (rho - w)`` 2.2e4 times too large, relatively, at ``log rho = -30``). ``log r = logp - logref`` is
+formed from the unclamped log-probs (docs/math.md section 3): the weights that read it (RKL, URKL) are exact however
+far the reference is from the sampler. Products such as ``w * log r`` stay below ``4.9e8 * |log r|``, far from
+overflow for finite log-probs.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import torch
 __all__ = ["DIVERGENCES", "DIVERGENCE_TABLE", "ESTIMATORS", "ESTIMATOR_BODIES", "LOG_RATIO_BOUND", "OBJECTIVES",
            "Divergence", "ObjectiveInputs", "divergence_value", "rpg_per_token_loss"]
 
-#: The arguments of exp (log w, log rho) are clamped to +-LOG_RATIO_BOUND; log r itself is not.
+#: The arguments of exp (log w, log rho) are bounded above by LOG_RATIO_BOUND (not below: exp underflows to 0
+#: exactly); log r itself is not bounded.
 LOG_RATIO_BOUND = 20.0
 
 Tensor = torch.Tensor
@@ -92,10 +95,10 @@ class ObjectiveInputs:
 
     ``logp``, ``log_w``, ``log_r``, ``w`` and ``reward_w`` carry the gradient; ``log_rho``, ``rho`` and ``adv`` are
     constants. ``log_r = logp - logref`` is exact (from the unclamped log-probs); ``log_w`` and ``log_rho`` are the
-    clamped arguments of ``w`` and ``rho``. ``w`` is the per-token ratio the KL term uses; ``reward_w`` the ratio that
-    weighs the reward term (``w`` itself at token level, the sequence's ratio under GSPO, ``sequence_level=True``:
-    docs/math.md section 4b). ``clip`` is None (no clipping) or ``(eps_low, eps_high, dual_clip_c)`` with
-    ``dual_clip_c`` possibly None.
+    arguments of ``w`` and ``rho``, bounded above by ``LOG_RATIO_BOUND``. ``w`` is the per-token ratio the KL term
+    uses; ``reward_w`` the ratio that weighs the reward term (``w`` itself at token level, the sequence's ratio under
+    GSPO, ``sequence_level=True``: docs/math.md section 4b). ``clip`` is None (no clipping) or ``(eps_low, eps_high,
+    dual_clip_c)`` with ``dual_clip_c`` possibly None.
     """
 
     logp: Tensor
@@ -407,15 +410,15 @@ def rpg_per_token_loss(
     logmu = torch.where(valid, logmu, zeros)
     adv = torch.where(valid, adv, zeros)
 
-    log_w = (logp_safe - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    log_w = (logp_safe - logmu).clamp(max=LOG_RATIO_BOUND)
     w = log_w.exp()
     if reward_logps is None:
         reward_w = w
     else:
-        reward_w = (torch.where(valid, reward_logp, zeros) - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
-    # log r from the unclamped log-probs; only the arguments of exp are clamped (docs/math.md section 3, numerics)
+        reward_w = (torch.where(valid, reward_logp, zeros) - logmu).clamp(max=LOG_RATIO_BOUND).exp()
+    # log r from the unclamped log-probs; only the arguments of exp are bounded, above (docs/math.md section 3)
     logref = logmu if logref is None else torch.where(valid, logref, zeros)
-    log_rho = (logref - logmu).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    log_rho = (logref - logmu).clamp(max=LOG_RATIO_BOUND)
     inputs = ObjectiveInputs(
         logp=logp_safe, log_w=log_w, w=w, log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
         clip=clip, reward_w=reward_w, log_r=logp_safe - logref, sequence_level=reward_logps is not None,

@@ -9,15 +9,19 @@ batch was generated, w = pi_theta / mu.
   weight against the true sampler, and RPG-Style Clip bounds it.
 - `"recompute"`: mu is pi_old, recomputed by the trainer (TRL 1.16's pass); vLLM's correction pi_old / mu, when on,
   weighs every term (docs/math.md section 4b).
-- `"auto"` (the default): `"engine"` exactly where it is exact (no `engine_obstacles`), `"recompute"` elsewhere.
+- `"auto"` (the default): `"engine"` exactly where it is exact (no `engine_obstacles`: no truncated sampling and no
+  other generation setting that cuts or reweights the sampler, `SAMPLER_SETTINGS`; a server that reports processed
+  log-probs), `"recompute"` elsewhere.
 
 Which mu a batch trains with is recorded in the batch (`ENGINE_KEY`: present in an engine batch, holding the
 optimizer step it was generated at), so a batch restored from a checkpoint keeps its own whatever the resuming run's
 mode, and the loss knows when pi_theta = pi_old (`at_sampling_policy`): there log w is the train/inference mismatch
 itself, logged at no cost (`mismatch_metrics`). The engine's output is checked as it arrives (`checked_output`): a
-malformed one is a `MalformedEngineOutput` naming the engine; a non-finite log-prob becomes TRL's "missing" (NaN),
-and every token without a finite engine log-prob is excluded from the loss and counted (`rpg/excluded_tokens`)
-wherever the loss uses the engine's log-probs (`mu`).
+malformed one is a `MalformedEngineOutput` naming the engine; a log-prob that is not one (not finite, or above 0 by
+more than `LOGPROB_ROUNDING`: a server that returns logits, say) becomes TRL's "missing" (NaN), warned about once per
+run, and every such token is excluded from the loss and counted (`rpg/excluded_tokens`) wherever the loss uses the
+engine's log-probs (`mu`); a run all of whose tokens were excluded trained on nothing (`trained_tokens`, read by the
+learning-signal verdict).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,8 +42,53 @@ MODES = ("auto", "engine", "recompute")
 #: Key of a generation batch whose mu is the engine's; its 0-dim value is the optimizer step it was generated at.
 ENGINE_KEY = "rpg_engine_logps_step"
 PROCESSED = "processed_logprobs"
-#: `generation_kwargs` entries that restrict which tokens vLLM may sample (the policy's support is the vocabulary).
-SUPPORT_KWARGS = ("structured_outputs", "allowed_token_ids", "bad_words")
+#: Generation settings, besides truncated sampling (`describe.truncated_sampling`), that make the sampler differ
+#: from the policy: each cuts the tokens vLLM may sample (`CUTS`) or reweights them (`REWEIGHTS`) unless its value is
+#: neutral. A `generation_kwargs` entry (passed to vLLM's `SamplingParams`) overrides the config field of the same
+#: name, as in TRL. docs/math.md section 4c lists them with their verdict; `engine_obstacles` names each one set.
+CUTS, REWEIGHTS = "cuts the sampler's support", "reweights the sampler's distribution"
+
+
+def _off(value) -> bool:
+    return not value
+
+
+def _no_bias(value) -> bool:
+    return not value or (isinstance(value, dict) and not any(value.values()))
+
+
+SAMPLER_SETTINGS: dict[str, tuple[str, object]] = {
+    "min_tokens": (CUTS, _off),  # EOS and the stop tokens masked until the minimum length
+    "bad_words": (CUTS, _off),  # each word's last token masked after its prefix
+    "allowed_token_ids": (CUTS, _off),  # only the listed tokens
+    "structured_outputs": (CUTS, lambda value: value is None),  # guided decoding: the grammar's tokens only
+    "guided_decoding": (CUTS, lambda value: value is None),  # older vLLM's name for the same
+    "logit_bias": (REWEIGHTS, _no_bias),  # a bias of -100 cuts
+    "logits_processors": (REWEIGHTS, _off),  # whatever the processors do
+    "repetition_penalty": (REWEIGHTS, lambda value: value is None or value == 1),  # GRPOConfig field, default 1.0
+    "presence_penalty": (REWEIGHTS, _off),
+    "frequency_penalty": (REWEIGHTS, _off),
+}
+
+
+def sampler_settings(args) -> dict[str, list[str]]:
+    """The `SAMPLER_SETTINGS` set to a non-neutral value, as `name=value`, by effect (`CUTS`, `REWEIGHTS`):
+    `vllm_structured_outputs_regex` counts as `structured_outputs`."""
+    kwargs = args.generation_kwargs or {}
+    found: dict[str, list[str]] = {CUTS: [], REWEIGHTS: []}
+    if getattr(args, "vllm_structured_outputs_regex", None):
+        found[CUTS].append(f"vllm_structured_outputs_regex={args.vllm_structured_outputs_regex!r}")
+    for name, (effect, neutral) in SAMPLER_SETTINGS.items():
+        value = kwargs.get(name, getattr(args, name, None))
+        if not neutral(value):
+            found[effect].append(f"{name}={value!r}")
+    return found
+
+
+#: How far above 0 an engine log-prob may be and still count as one (float rounding of a near-certain token's
+#: log-softmax, a few 1e-7 in float32; 1e-4 is a probability of 1.0001, harmless in w = pi_theta/mu). Anything above
+#: is not a log-prob (logits, say: `w` ~ 0.001, or TRL's correction rejecting every sequence) and is excluded.
+LOGPROB_ROUNDING = 1e-4
 
 
 class MalformedEngineOutput(RuntimeError):
@@ -60,14 +109,17 @@ def engine_obstacles(args) -> list[str]:
     if args.rpg_reference != "sampling":
         reasons.append(f"rpg_reference={args.rpg_reference!r}: the reference is not the sampler, so its log-probs "
                        "still need the trainer's reference pass; 'engine' is RPG's sampler-as-reference mode")
-    cuts = truncated_sampling(args)
-    kwargs = sorted(set(SUPPORT_KWARGS) & set(args.generation_kwargs or {}))
-    if args.vllm_structured_outputs_regex:
-        kwargs.insert(0, "vllm_structured_outputs_regex")
-    if cuts or kwargs:
-        reasons.append(f"{', '.join(cuts + kwargs)}: the sampler's support is not the policy's (the engine's "
-                       "log-probs are renormalised over the tokens it may sample), so pi_theta/mu misses the cut "
-                       "probability mass (docs/math.md section 4c)")
+    settings = sampler_settings(args)
+    cuts = truncated_sampling(args) + settings[CUTS]
+    if cuts:
+        reasons.append(f"{', '.join(cuts)}: the sampler's support is not the policy's (the engine's log-probs are "
+                       "renormalised over the tokens it may sample), so pi_theta/mu misses the cut probability mass "
+                       "(docs/math.md section 4c)")
+    if settings[REWEIGHTS]:
+        reasons.append(f"{', '.join(settings[REWEIGHTS])}: the sampler's distribution is the policy's reweighted (by "
+                       "the tokens already generated, or a bias), so the engine's log-probs are not the policy's at "
+                       "any step: w = pi_theta/mu would count the reweighting as a policy change, and the KL term "
+                       "towards the sampler would pull towards the reweighted distribution (docs/math.md section 4c)")
     return reasons
 
 
@@ -87,12 +139,14 @@ def check_config(args) -> None:
 
 
 def server_obstacle(logprobs_mode: str | None, url: str) -> str | None:
-    """Why a vLLM server's log-probs are not mu (None: they are, it runs with processed log-probs)."""
+    """Why a vLLM server's log-probs are not mu (None: they are, it runs with processed log-probs). A server that
+    does not report its mode (None) is taken as raw: nothing says its log-probs are the sampler's."""
     if logprobs_mode == PROCESSED:
         return None
-    return (f"the vLLM server at {url} reports logprobs_mode={logprobs_mode!r}, not {PROCESSED!r}: its log-probs "
-            "are not those of the distribution it samples from (restart it with `--logprobs-mode processed_logprobs`,"
-            " as `trl vllm-serve` does)")
+    reported = (f"reports logprobs_mode={logprobs_mode!r}, not {PROCESSED!r}" if logprobs_mode is not None else
+                "does not report its logprobs_mode (taken as raw)")
+    return (f"the vLLM server at {url} {reported}: its log-probs are not known to be those of the distribution it "
+            "samples from (restart it with `--logprobs-mode processed_logprobs`, as `trl vllm-serve` does)")
 
 
 def server_url(args) -> str:
@@ -110,11 +164,13 @@ def engine_name(args) -> str:
 @dataclass(frozen=True)
 class SamplerLogps:
     """The resolved mode: `mode` is `"engine"` or `"recompute"`; `reason` says why `"auto"` picked `"recompute"`
-    where vLLM generates (None otherwise); `engine` names the engine (None without vLLM)."""
+    where vLLM generates (None otherwise); `engine` names the engine (None without vLLM). `warned` holds the kinds of
+    bad engine log-prob already warned about in this run (`checked_output`: one warning per kind and run)."""
 
     mode: str
     reason: str | None = None
     engine: str | None = None
+    warned: set = field(default_factory=set, compare=False, repr=False)
 
     @classmethod
     def resolve(cls, args, obstacles: list[str]) -> SamplerLogps:
@@ -145,7 +201,7 @@ class SamplerLogps:
                 mode = [None]
                 if trainer.accelerator.is_main_process:
                     info = trainer.vllm_generation.vllm_client.get_server_info()
-                    mode = [(info.get("model_config") or {}).get("logprobs_mode")]
+                    mode = [((info or {}).get("model_config") or {}).get("logprobs_mode")]
                 if trainer.accelerator.num_processes > 1:
                     broadcast_object_list(mode, from_process=0)
                 obstacle = server_obstacle(mode[0], server_url(args))
@@ -161,7 +217,8 @@ class SamplerLogps:
         with ExitStack() as stack:
             if trainer.use_vllm:
                 stack.enter_context(_compat.returning_through(
-                    trainer.vllm_generation, "generate", lambda output: checked_output(output, self.engine)))
+                    trainer.vllm_generation, "generate", lambda output: checked_output(output, self.engine,
+                                                                                      self.warned)))
             if self.mode == "engine":
                 stack.enter_context(_compat.trl_skips_old_logps(trainer))
             yield
@@ -178,11 +235,13 @@ class SamplerLogps:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def checked_output(output: tuple, engine: str | None) -> tuple:
+def checked_output(output: tuple, engine: str | None, warned: set | None = None) -> tuple:
     """`VLLMGeneration.generate`'s `(prompt_ids, completion_ids, logprobs, logprob_token_ids)`, checked: every
     completion has at least one token and one non-empty list of log-probs per token (the sampled token's first), else
-    `MalformedEngineOutput` naming the engine; a sampled token's non-finite log-prob becomes None, TRL's "missing"
-    (NaN in its tensor: no correction from it, and excluded from the loss by `mu`)."""
+    `MalformedEngineOutput` naming the engine. A sampled token's log-prob that is not finite, or above 0 by more than
+    `LOGPROB_ROUNDING`, becomes None, TRL's "missing" (NaN in its tensor: no correction from it, and excluded from the
+    loss by `mu`), with a warning the first time each kind is met (`warned` holds the kinds warned about: one warning
+    per run; None: every time)."""
     prompt_ids, completion_ids, logprobs, token_ids = output
 
     def malformed(detail: str) -> MalformedEngineOutput:
@@ -196,7 +255,7 @@ def checked_output(output: tuple, engine: str | None) -> tuple:
         raise malformed(f"it returned {len(completion_ids)} completions and no log-probs")
     if len(logprobs) != len(completion_ids):
         raise malformed(f"it returned {len(completion_ids)} completions and {len(logprobs)} lists of log-probs")
-    fixed, bad = list(logprobs), 0
+    fixed, bad = list(logprobs), {"non-finite": 0, "above 0": 0}
     for i, (ids, values) in enumerate(zip(completion_ids, logprobs)):
         if len(ids) == 0:
             raise malformed(f"completion {i} of {len(completion_ids)} is empty (no token)")
@@ -206,18 +265,50 @@ def checked_output(output: tuple, engine: str | None) -> tuple:
         if not all(values):
             raise malformed(f"completion {i} of {len(completion_ids)} has a token without a log-prob")
         try:
-            firsts = [None if top[0] is None else float(top[0]) for top in values]
+            kinds = [_kind(None if top[0] is None else float(top[0])) for top in values]
         except (TypeError, ValueError) as error:
             raise malformed(f"completion {i} of {len(completion_ids)} has a log-prob that is not a number "
                             f"({error})") from None
-        if not all(x is None or math.isfinite(x) for x in firsts):
-            bad += sum(x is not None and not math.isfinite(x) for x in firsts)
-            fixed[i] = [[None, *top[1:]] if x is not None and not math.isfinite(x) else top
-                        for x, top in zip(firsts, values)]
-    if bad:
-        logger.warning("RPGTrainer: %s returned %d non-finite log-prob(s) of sampled tokens in this batch; those "
-                       "tokens are excluded from the loss and counted in rpg/excluded_tokens.", engine, bad)
+        if any(kinds):
+            for kind in filter(None, kinds):
+                bad[kind] += 1
+            fixed[i] = [[None, *top[1:]] if kind else top for kind, top in zip(kinds, values)]
+    for kind, count in bad.items():
+        if count and (warned is None or kind not in warned):
+            logger.warning(_BAD_LOGPROBS[kind], engine or "the vLLM engine", count)
+            if warned is not None:
+                warned.add(kind)
     return prompt_ids, completion_ids, fixed, token_ids
+
+
+def _kind(value: float | None) -> str | None:
+    """What is wrong with a sampled token's engine log-prob (None: nothing, or already missing)."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        return "non-finite"
+    return "above 0" if value > LOGPROB_ROUNDING else None
+
+
+_EXCLUDED = ("those tokens are excluded from the loss wherever it uses the engine's log-probs (engine mode, or TRL's "
+             "correction pi_old/mu) and counted in rpg/excluded_tokens; a run all of whose tokens are excluded trains "
+             "on nothing (rpg/trained_on_nothing). Warned once per run.")
+_BAD_LOGPROBS = {
+    "non-finite": "RPGTrainer: %s returned %d non-finite log-prob(s) of sampled tokens in this batch; " + _EXCLUDED,
+    "above 0": ("RPGTrainer: %s returned %d log-prob(s) of sampled tokens above 0 (by more than "
+                f"{LOGPROB_ROUNDING}) in this batch: not log-probs (a server that returns logits or raw scores?); "
+                + _EXCLUDED),
+}
+
+
+def trained_tokens(batch: dict, mask: torch.Tensor) -> torch.Tensor:
+    """The (B, T) loss `mask` of a generation batch less the tokens the loss will exclude for their engine log-prob
+    (missing: NaN), where the loss uses it (`mu`: an engine batch, or TRL's correction on); what the learning-signal
+    verdict counts as trained on."""
+    engine = batch.get("sampling_per_token_logps")
+    if engine is None or not (ENGINE_KEY in batch or "importance_sampling_ratio" in batch):
+        return mask
+    return mask * torch.isfinite(engine).to(mask.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -254,7 +345,7 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
     log_w = logps.detach().float() - sampler.detach().float()
     valid = (mask != 0) & torch.isfinite(log_w)
     log_w = torch.where(valid, log_w, torch.zeros_like(log_w))
-    bounded = log_w.clamp(-20.0, 20.0)
+    bounded = log_w.clamp(max=20.0)  # exp bounded above only (docs/math.md section 3, numerics)
     local = torch.stack([log_w.abs().sum(), (bounded.exp() - 1 - bounded).sum(), valid.sum().float(),
                          log_w.abs().amax() if log_w.numel() else log_w.new_zeros(())])
     totals = gather(local.unsqueeze(0)).reshape(-1, local.numel())
@@ -267,6 +358,7 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
             "sampling/sampling_logp_difference/mean": mean, "sampling/sampling_logp_difference/max": largest}
 
 
-__all__ = ["ENGINE_KEY", "MISMATCH_METRICS", "MODES", "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy",
-           "check_config", "checked_output", "engine_name", "engine_obstacles", "mismatch_metrics", "mu",
-           "server_obstacle", "server_url"]
+__all__ = ["CUTS", "ENGINE_KEY", "LOGPROB_ROUNDING", "MISMATCH_METRICS", "MODES", "REWEIGHTS", "SAMPLER_SETTINGS",
+           "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy", "check_config", "checked_output",
+           "engine_name", "engine_obstacles", "mismatch_metrics", "mu", "sampler_settings", "server_obstacle",
+           "server_url", "trained_tokens"]

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import warnings
 from typing import ClassVar
 
 import torch
@@ -33,7 +34,7 @@ from . import (
 )
 from . import dynamic_sampling as ds
 from .config import RPGConfig, as_rpg_config
-from .describe import describe_objective
+from .describe import describe_objective, dropout_warning, training_dropout
 from .loss import (
     Aggregation,
     aggregate,
@@ -111,6 +112,8 @@ class RPGTrainer(GRPOTrainer):
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.sampler_logps = sampler_logps.SamplerLogps.for_trainer(self)  # mu: the engine's own, or recomputed
+        if (dropout := dropout_warning(args, self.sampler_logps, self.model)) and self.is_world_process_zero():
+            warnings.warn(dropout, UserWarning, stacklevel=2)  # what the config could not know: the model's dropout
         self.skipped_steps = 0
         self._rpg_batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
@@ -146,7 +149,8 @@ class RPGTrainer(GRPOTrainer):
             if self._rpg_scoring.add(rewards):
                 logger.warning(UNSCORED_BATCH_WARNING)
             self._rpg_signal.add_batch(learning_signal.batch_facts(  # what the batch offers, over all processes
-                rewards, output["advantages"], output["completion_mask"] * output.get("tool_mask", 1),
+                rewards, output["advantages"], sampler_logps.trained_tokens(  # less engine log-probs excluded
+                    output, output["completion_mask"] * output.get("tool_mask", 1)),
                 self.reward_weights, self.num_generations, self.multi_objective_aggregation,
                 lambda t: self.accelerator.reduce(t, reduction="sum")))
             scale_warning = self._rpg_reward_scale.add(rewards, self.reward_weights, self.num_generations,
@@ -314,7 +318,7 @@ class RPGTrainer(GRPOTrainer):
                 logger.warning(describe_objective(self.args, self.sampler_logps, precision.precision_clause(
                     self.args.bf16, self.args.fp16, self.accelerator.mixed_precision,
                     [p.dtype for p in self.model.parameters() if p.requires_grad],
-                    os.environ.get(precision.MIXED_PRECISION_ENV))))
+                    os.environ.get(precision.MIXED_PRECISION_ENV)), training_dropout(self.model)))
             self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
             self._rpg_reward_scale = RewardScaleCheck.for_args(self.args)
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
