@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card
+from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card, worker_samples
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -76,7 +76,12 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
                                          trainer="AsyncRPGTrainer"))
         self.skipped_steps = 0
-        self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
+        self.batches_with_signal = 0  # micro-batches with a trained token of non-zero advantage (this train() call)
+        if self.accelerator.is_main_process:  # what the worker sends is checked before TRL's staleness filter reads it
+            self.rollout_queue = worker_samples.CheckedRollouts(
+                self.rollout_queue, worker_samples.worker_name(self.rollout_worker, self.args.vllm_server_base_url),
+                lambda: self.model_version, self.args.max_staleness, self._metrics["train"],
+                worker_samples.unusable_limit(self.args))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its
@@ -101,7 +106,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         for key, value in values.items():  # TRL's own `kl`, `entropy` and `clip_ratio/*` are logged by TRL
             if key.startswith("rpg/"):
                 self._metrics["train"][key].append(value)
-        signal = acc.reduce((advantages != 0).any().float().reshape(1), reduction="sum")
+        signal = acc.reduce(worker_samples.trained_tokens(advantages, sampling_logps).any().float().reshape(1),
+                            reduction="sum")
         self.batches_with_signal += int(float(signal) > 0)
         return loss
 
@@ -120,7 +126,11 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         if self.is_world_process_zero():
             logger.warning(describe_async_objective(self.args))
         self.batches_with_signal = 0
+        checked = self.rollout_queue if isinstance(self.rollout_queue, worker_samples.CheckedRollouts) else None
+        excluded_before = checked.excluded if checked else 0
         output = super().train(*positional, **kwargs)
+        if checked:  # the main process's count (only it reads the worker's queue)
+            output.metrics[worker_samples.EXCLUDED_RUN_METRIC] = float(checked.excluded - excluded_before)
         error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
         output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
         if error:

@@ -29,8 +29,12 @@ ASYNC_REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
     ReviewedMethod("AsyncGRPOTrainer", "create_model_card", "0d1f888d680eddcf", "replaced by RPG's card"),
     ReviewedMethod("AsyncGRPOTrainer", "_get_grad_norm", "879dcba334e7231c", "wrapped: the non-finite guard"),
     ReviewedMethod("AsyncGRPOTrainer", "train", "12af1a3d2e4b8ae6", "wrapped: the start-up line"),
+    ReviewedMethod("AsyncGRPOTrainer", "get_train_dataloader", "b1a13d2bf2bd1cd1",
+                   "reads the samples from `rollout_queue` (main process), which RPG wraps with the checks of what "
+                   "the worker sends (`worker_samples.CheckedRollouts`)"),
     ReviewedMethod("RolloutQueueDataset", "__iter__", "486fa4a54d9f5194",
-                   "drops samples older than `max_staleness` and yields the sampler's log-probs and advantages"),
+                   "drops samples older than `max_staleness` (`model_version`, after RPG's checks) and yields the "
+                   "sampler's log-probs and advantages"),
     ReviewedMethod("DataCollatorForRollout", "torch_call", "6b8c597da2fcba9e", "`global_n_tokens`, the rows"),
     ReviewedMethod("TreeRow", "pack", "cf6cfbae66b7d447",
                    "`token_index`, `old_log_probs`, `advantages`: the flat per-token tensors of RPG's loss"),
