@@ -32,6 +32,7 @@ from trl_rpg.worker_samples import (  # noqa: E402
 )
 
 GENERATIONS, BATCH, LENGTH = 4, 8, 6
+SENT_BOUND = 200
 
 
 def sample(**changes) -> RolloutSample:
@@ -149,13 +150,16 @@ def prompts(n: int = 16) -> Dataset:
 
 class CorruptingWorker(StaleRolloutWorker):
     """The stand-in worker, `corrupt(sample)` applied to every sample it sends (it returns the sample, changed or
-    not, and whether it changed it); `sent` records whether each one was changed, in the order sent."""
+    not, and whether it changed it); `sent` records whether each one was changed, in the order sent. It sends at most
+    `SENT_BOUND` samples (then fails), so a check that lets the trainer wait for ever fails the test instead."""
 
     def __init__(self, *args, corrupt, **kwargs):
         super().__init__(*args, **kwargs)
         self.corrupt, self.sent = corrupt, []
 
     def _scored(self, *args):
+        if len(self.sent) >= SENT_BOUND:
+            raise RuntimeError(f"CorruptingWorker: the test's bound of {SENT_BOUND} samples was reached")
         samples = []
         for good in super()._scored(*args):
             sent, changed = self.corrupt(good)
