@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, async_upgrade_guard, gradient_guard, learning_signal, model_card, worker_samples
+from . import _compat, async_sampler, async_upgrade_guard, gradient_guard, learning_signal, model_card, worker_samples
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -82,6 +83,33 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
                 self.rollout_queue, worker_samples.worker_name(self.rollout_worker, self.args.vllm_server_base_url),
                 lambda: self.model_version, self.args.max_staleness, self._metrics["train"],
                 worker_samples.unusable_limit(self.args))
+        self.sampler_verdict = self._sampler_verdict()
+
+    def _sampler_verdict(self) -> async_sampler.SamplerVerdict:
+        # The settings w = pi_theta/mu is exact under (`async_sampler`): the main process asks the vLLM server TRL's
+        # worker samples from for its logprobs mode; every process gets its verdict (a refusal raised on all).
+        from accelerate.utils import broadcast_object_list
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+        verdict = [None]
+        if self.accelerator.is_main_process:
+            try:
+                server = mode = None
+                if isinstance(self.rollout_worker, AsyncRolloutWorker):
+                    server = self.args.vllm_server_base_url
+                    mode = async_sampler.asked_logprobs_mode(self.vllm_client)
+                verdict = [async_sampler.sampler_verdict(self.args, mode, server)]
+            except Exception as error:  # noqa: BLE001 - raised on every process below, not on this one alone
+                verdict = [error]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(verdict, from_process=0)
+        if isinstance(verdict[0], Exception):
+            raise verdict[0]
+        if verdict[0].kind == "refused":
+            raise async_sampler.SamplerRefused(verdict[0].message)
+        if verdict[0].kind == "warned" and self.accelerator.is_main_process:
+            warnings.warn(verdict[0].message, UserWarning, stacklevel=3)
+        return verdict[0]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its
