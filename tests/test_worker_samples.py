@@ -125,8 +125,11 @@ def test_the_queue_skips_excluded_samples_and_stops_on_a_run_of_unusable_ones(ca
 def test_the_limit_exceeds_what_the_worker_holds():
     class Args:
         queue_maxsize, max_inflight_tasks, num_generations = 1024, 32, 8
+        max_staleness, per_device_train_batch_size, gradient_accumulation_steps = 4, 8, 2
 
     assert unusable_limit(Args) > 2 * (1024 + 32 * 8)
+    Args.max_inflight_tasks = -1  # TRL's automatic value: max_staleness * batch * accumulation groups
+    assert unusable_limit(Args) > 2 * (1024 + 64 * 8)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

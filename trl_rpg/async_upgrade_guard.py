@@ -8,10 +8,17 @@ without notice, so a change here is refused (no behavioural self-check as `RPGTr
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 
-from .upgrade_guard import ALLOW_ENV, REVIEWED_VERSIONS, ReviewedMethod, UnreviewedUpgrade, changed_methods, describe
+from .upgrade_guard import (
+    ALLOW_ENV,
+    REVIEWED_VERSIONS,
+    ReviewedMethod,
+    UnreviewedUpgrade,
+    _allowed,
+    changed_methods,
+    describe,
+)
 
 #: What `AsyncRPGTrainer` overrides or relies on; owners: the async trainer's classes, `"utils"` (trl.trainer.utils),
 #: `"packing"` (the async trainer's packing module).
@@ -73,7 +80,7 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
         "RPGTrainer was reviewed", "AsyncRPGTrainer was reviewed").replace(
         "GRPOConfig fields are not classified", "AsyncGRPOConfig fields are not classified (trl_rpg.async_config."
         "ASYNC_FIELDS)").replace("REVIEWED_METHODS", "ASYNC_REVIEWED_METHODS")
-    if os.environ.get(ALLOW_ENV, "").strip().lower() not in ("1", "true", "yes"):
+    if not _allowed():  # "1", "true" or "yes" only: "0" is not permission
         raise UnreviewedUpgrade(message)
     warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)
     return methods + fields

@@ -117,7 +117,10 @@ def unusable_limit(args) -> int:
     """How many samples in a row may be unusable (excluded, or older than `max_staleness`) before the run stops: more
     than the worker can hold (its queue, the groups in flight and being scored) twice over, so a backlog that aged
     while the trainer stepped is drained, never mistaken for a worker that sends nothing usable."""
-    inflight = max(int(getattr(args, "max_inflight_tasks", -1) or 0), 0)
+    inflight = int(getattr(args, "max_inflight_tasks", -1) or -1)
+    if inflight < 0:  # TRL's automatic value (per process; the limit's margin covers several)
+        inflight = max(int(args.max_staleness), 0) * args.per_device_train_batch_size * \
+            args.gradient_accumulation_steps
     held = max(int(getattr(args, "queue_maxsize", 0) or 0), 0) + (inflight + 16) * max(int(args.num_generations), 1)
     return 2 * held + 256
 
