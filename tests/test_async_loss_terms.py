@@ -214,10 +214,12 @@ def test_the_moe_auxiliary_loss_is_divided_by_the_accumulation_steps(model_path,
 def test_only_a_yes_lets_an_unreviewed_async_trl_train(monkeypatch, value, allowed):
     import dataclasses
 
-    from trl_rpg import async_upgrade_guard, upgrade_guard
+    from trl_rpg import async_upgrade_guard, upgrade_guard, upgrade_verdict
 
     changed = dataclasses.replace(async_upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
     monkeypatch.setattr(async_upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
+    failed = upgrade_verdict.Verdict(False, [{"name": "async_reduction", "passed": False, "detail": "off by 2"}])
+    monkeypatch.setattr(upgrade_verdict, "verdict", lambda *args: failed)  # the self-check failed (its own tests)
     monkeypatch.setenv(upgrade_guard.ALLOW_ENV, value)
     if allowed:
         with pytest.warns(UserWarning, match="TRL_RPG_ALLOW_UNREVIEWED is set: training anyway"):
