@@ -50,9 +50,11 @@ def dump() -> dict:
     from trl_rpg import upgrade_guard
 
     try:
-        from trl_rpg import async_upgrade_guard  # noqa: F401 - registers AsyncRPGTrainer's review
+        from trl_rpg import async_upgrade_guard
     except ImportError:  # a TRL without the asynchronous trainer: RPGTrainer's review only
         pass
+    else:
+        async_upgrade_guard.register()  # AsyncRPGTrainer's review, as the module lists it
     owners = upgrade_guard._owners()
     reviews = {}
     for name, review in upgrade_guard.REVIEWS.items():
