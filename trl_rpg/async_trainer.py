@@ -12,7 +12,9 @@ accounting run unchanged. It overrides `compute_loss` (TRL's forward and bookkee
 call; RPG's loss replaces TRL's, with TRL's token normalisation and gradient-accumulation scaling), `_get_grad_norm`
 (the non-finite-gradient guard), `train` (the start-up line) and `create_model_card`. What it shares with
 `RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics (`loss`), the guard
-(`gradient_guard`), the start-up line (`describe`), the card (`model_card`).
+(`gradient_guard`), the start-up line (`describe`), the card (`model_card`). What the worker sends is read through
+`worker_samples.CheckedRollouts` (installed as TRL's `rollout_queue` on the main process), and the sampler settings
+are judged when the trainer is built (`async_sampler`: the server TRL's worker samples from is asked).
 """
 
 from __future__ import annotations
