@@ -142,7 +142,9 @@ class CheckedRollouts:
     def qsize(self) -> int:
         return self.queue.qsize()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # anything else TRL or a worker reads of the queue (not called for own attributes)
+        if name == "queue":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.queue, name)
 
     def get(self, timeout=None):
