@@ -164,3 +164,10 @@ def test_the_maintainer_script_covers_the_async_review():
     assert ("### config fields to classify (1): trl_rpg/async_config.py (ASYNC_FIELDS)\n"
             "- new_async_option = None: A new option.") in async_part
     assert "## RPGTrainer: 0 of" in report and "config fields to classify (0): trl_rpg/grpo_fields.py" in report
+
+
+def test_every_trl_method_the_async_trainer_overrides_is_reviewed():
+    """A method `AsyncRPGTrainer` defines that `AsyncGRPOTrainer` also defines must be in `ASYNC_REVIEWED_METHODS`
+    (else a TRL that changes it, or starts calling it differently, goes unseen): add a row with its digest."""
+    async_upgrade_guard.register()
+    assert upgrade_guard.taken_names(async_upgrade_guard.REVIEW) == []
