@@ -122,6 +122,30 @@ def test_the_queue_skips_excluded_samples_and_stops_on_a_run_of_unusable_ones(ca
         checked.get()
 
 
+def test_a_long_run_of_unusable_samples_is_warned_before_the_limit(caplog):
+    """Unusable samples for `warn_after_s` seconds (a clock the test moves): one warning per run, the next run warned
+    again; a usable sample in between ends the run."""
+    now = [0.0]
+    stale = [sample(model_version=0) for _ in range(4)]
+    checked = CheckedRollouts(ListQueue([*stale, sample(), *stale]), "the rollout worker W", lambda: 2, 1,
+                              {"rpg/excluded_samples_total": []}, limit=100, warn_after_s=30.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="trl_rpg"):
+        for seconds in (0, 20, 31, 45):  # the run starts at 0: warned at 31 only
+            now[0] = seconds
+            checked.get()
+        now[0] = 100
+        checked.get()  # usable: the run ends
+        for seconds in (101, 120, 140, 141):
+            now[0] = seconds
+            checked.get()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert warned[0].startswith("AsyncRPGTrainer: no sample from the rollout worker W could be trained on for 31 s "
+                                "(3 in a row; the last: older than max_staleness=1 (staleness 2)); the run stops "
+                                "after 100.")
+    assert "for 39 s (3 in a row" in warned[1]
+
+
 def test_the_limit_exceeds_what_the_worker_holds():
     class Args:
         queue_maxsize, max_inflight_tasks, num_generations = 1024, 32, 8

@@ -12,7 +12,8 @@ Each `RolloutSample` the worker puts on its queue is read through `CheckedRollou
   [0, the trainer's current version]) is excluded: a warning names it (worker, field, value), and it is counted
   (`rpg/excluded_samples_total` per logging window, `rpg/excluded_samples` in `train()`'s metrics);
 - when `unusable_limit` samples in a row were excluded or are older than `max_staleness` (TRL drops those without a
-  word, and would wait for ever if every sample is), the run stops in `NoUsableSamples`, saying why.
+  word, and would wait for ever if every sample is), the run stops in `NoUsableSamples`, saying why; a warning comes
+  first when such a run has lasted `UNUSABLE_WARNING_S` seconds (a slow worker takes long to send the limit).
 
 Pure checks (`malformation`, `bad_values`) and the queue wrapper; the trainer installs it (`AsyncRPGTrainer.__init__`).
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: A sampler log-prob above this is not a log-probability (log p <= 0; the margin allows rounding in the server).
 LOGPROB_TOLERANCE = 1e-4
+#: Seconds of unusable samples only after which a warning says so (the error comes at `unusable_limit` samples).
+UNUSABLE_WARNING_S = 60.0
 #: Excluded samples warned about one by one; the rest are counted only.
 WARNED_SAMPLES = 10
 EXCLUDED_METRIC = "rpg/excluded_samples_total"  # per logging window ("total": TRL sums it over the window)
@@ -131,9 +135,13 @@ class CheckedRollouts:
     metric sink."""
 
     def __init__(self, queue, worker: str, version: Callable[[], int], max_staleness: int, metrics, limit: int,
-                 trainer: str = "AsyncRPGTrainer"):
+                 trainer: str = "AsyncRPGTrainer", warn_after_s: float = UNUSABLE_WARNING_S,
+                 clock: Callable[[], float] = time.monotonic):
         self.queue, self.worker, self.version, self.metrics = queue, worker, version, metrics
         self.max_staleness, self.limit, self.trainer = max_staleness, limit, trainer
+        self.warn_after_s, self.clock = warn_after_s, clock
+        self._unusable_since: float | None = None  # when the current run of unusable samples began
+        self._warned_run = False
         self.received = 0  #: samples read from the worker
         self.excluded = 0  #: samples excluded (bad values)
         self.unusable_run = 0  #: consecutive samples excluded or too stale
@@ -180,13 +188,20 @@ class CheckedRollouts:
             self._unusable(f"older than max_staleness={self.max_staleness} (staleness "
                            f"{current - int(sample.model_version)})")
         else:
-            self.unusable_run, self._reasons = 0, {}
+            self.unusable_run, self._reasons, self._unusable_since, self._warned_run = 0, {}, None, False
         return True
 
     def _unusable(self, reason: str) -> None:
         self.unusable_run += 1
         kind = reason.split(" (")[0]
         self._reasons[kind] = self._reasons.get(kind, 0) + 1
+        now = self.clock()
+        self._unusable_since = now if self._unusable_since is None else self._unusable_since
+        if not self._warned_run and now - self._unusable_since >= self.warn_after_s:
+            self._warned_run = True  # once per run of unusable samples: a slow worker is told before the limit
+            logger.warning("%s: no sample from %s could be trained on for %.0f s (%d in a row; the last: %s); the "
+                           "run stops after %d.", self.trainer, self.worker, now - self._unusable_since,
+                           self.unusable_run, reason, self.limit)
         if self.unusable_run >= self.limit:
             counts = ", ".join(f"{n} {kind}" for kind, n in self._reasons.items())
             raise NoUsableSamples(
