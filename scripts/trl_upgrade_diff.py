@@ -6,10 +6,11 @@ diffs, and the GRPOConfig fields to classify.
 
 The reviewed side is the TRL installed in this environment (`pip install -e ".[test]" -c constraints.txt` installs
 the reviewed versions); the new side is read in a fresh process with the given folder first on `sys.path`. For
-every review (`trl_rpg.upgrade_guard.REVIEWS`: RPGTrainer's and any other trainer's) it prints each changed method's
-unified diff (a method whose normalised source is unchanged is not listed), the new digest to record in
-`trl_rpg/upgrade_guard.py` once reviewed, and the config fields added (to classify in `trl_rpg/grpo_fields.py`:
-accepted, changed default, refused or ignored, with the reason) or removed. Then run `tests/test_upgrade_guard.py`
+every review (`trl_rpg.upgrade_guard.REVIEWS`: RPGTrainer's and AsyncRPGTrainer's, `trl_rpg.async_upgrade_guard`)
+it prints each changed method's unified diff (a method whose normalised source is unchanged is not listed), the new
+digest to record once reviewed (`trl_rpg/upgrade_guard.py`, `trl_rpg/async_upgrade_guard.py`), and the config fields
+added (to classify in `trl_rpg/grpo_fields.py` or `trl_rpg/async_config.py`: accepted, changed default, refused or
+ignored, with the reason) or removed. Then run `tests/test_upgrade_guard.py`
 and the self-check (`python -c "from trl_rpg import upgrade_guard; print(upgrade_guard.status())"` with the new
 TRL installed). Exit status 0 (1 when the new side cannot be read).
 """
@@ -30,6 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+#: Per review: where its reviewed digests are recorded, and where its config fields are classified.
+FILES = {"RPGTrainer": {"digests": "trl_rpg/upgrade_guard.py", "fields": "trl_rpg/grpo_fields.py"},
+         "AsyncRPGTrainer": {"digests": "trl_rpg/async_upgrade_guard.py",
+                             "fields": "trl_rpg/async_config.py (ASYNC_FIELDS)"}}
+
+
 def _field_default(f) -> str:
     if f.default is not dataclasses.MISSING:
         return repr(f.default)
@@ -42,6 +49,12 @@ def dump() -> dict:
 
     from trl_rpg import upgrade_guard
 
+    try:
+        from trl_rpg import async_upgrade_guard
+    except ImportError:  # a TRL without the asynchronous trainer: RPGTrainer's review only
+        pass
+    else:
+        async_upgrade_guard.register()  # AsyncRPGTrainer's review, as the module lists it
     owners = upgrade_guard._owners()
     reviews = {}
     for name, review in upgrade_guard.REVIEWS.items():
@@ -54,7 +67,8 @@ def dump() -> dict:
         config = owners.get(review.config)
         fields = {f.name: {"default": _field_default(f), "help": f.metadata.get("help", "")}
                   for f in (dataclasses.fields(config) if config is not None else [])}
-        reviews[name] = {"methods": methods, "fields": fields, "classified": sorted(review.fields)}
+        reviews[name] = {"methods": methods, "fields": fields, "classified": sorted(review.fields),
+                         "files": FILES.get(name, FILES["RPGTrainer"])}
     return {"versions": {name: version(name) for name in ("trl", "transformers")}, "reviews": reviews}
 
 
@@ -76,7 +90,9 @@ def compare(reviewed: dict, new: dict) -> str:
     for name, new_review in new["reviews"].items():
         old_review = reviewed["reviews"].get(name, {"methods": {}, "fields": {}})
         changed = [q for q, m in new_review["methods"].items() if m["digest"] != m["reviewed"]]
-        out.append(f"\n## {name}: {len(changed)} of {len(new_review['methods'])} reviewed methods changed")
+        files = new_review.get("files", FILES.get(name, FILES["RPGTrainer"]))
+        out.append(f"\n## {name}: {len(changed)} of {len(new_review['methods'])} reviewed methods changed"
+                   + (f" (record the new digests in {files['digests']})" if changed else ""))
         for qualname in changed:
             method, before = new_review["methods"][qualname], old_review["methods"].get(qualname, {})
             out.append(f"\n### {qualname}: digest {method['reviewed']} -> {method['digest']}")
@@ -87,7 +103,7 @@ def compare(reviewed: dict, new: dict) -> str:
                                             f"trl {old_v['trl']}", f"trl {new_v['trl']}", lineterm=""))
         added = [f for f in new_review["fields"] if f not in new_review.get("classified", [])]
         removed = [f for f in old_review["fields"] if f not in new_review["fields"]]
-        out.append(f"\n### config fields to classify ({len(added)}): trl_rpg/grpo_fields.py")
+        out.append(f"\n### config fields to classify ({len(added)}): {files['fields']}")
         out += [f"- {f} = {new_review['fields'][f]['default']}: {new_review['fields'][f]['help']}" for f in added]
         if removed:
             out.append(f"### config fields removed ({len(removed)}): drop their rows: {', '.join(removed)}")

@@ -39,6 +39,7 @@ def toy_model_dir(tmp_path_factory):
 #: built once). The collection refuses a `distributed` test missing here.
 MULTI_PROCESS_TESTS = {
     "test_distributed.py": "*",
+    "test_async_distributed.py": "*",
     "test_cli.py": {"test_two_processes_on_cpu_run_and_the_failing_ones_status_is_returned"},
     "test_cli_launcher.py": {
         "test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_without_a_traceback"},

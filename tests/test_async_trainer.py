@@ -438,6 +438,9 @@ def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
         async_upgrade_guard.check_async(config_class=NewerConfig)
     changed = dataclasses.replace(async_upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
     monkeypatch.setattr(async_upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
+    from trl_rpg import upgrade_verdict  # the self-check (tests/test_async_upgrade_check.py), here failed
+
+    monkeypatch.setattr(upgrade_verdict, "verdict", lambda *args: upgrade_verdict.Verdict(False, error="stub"))
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"AsyncRPGTrainer was reviewed.*"
                                                               r"AsyncGRPOTrainer\.compute_loss"):
         AsyncRPGTrainer("not-a-model-path-because-the-guard-runs-first", args=AsyncRPGConfig(**BASE))

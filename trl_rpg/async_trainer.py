@@ -15,7 +15,9 @@ verified resume, a failed Hub upload ending the run), `_save_checkpoint`, `_load
 `_push_from_checkpoint` and `_finish_current_push` (RPG's manifest, Hub uploads read) and `create_model_card`. What it
 shares with `RPGTrainer` lives beside both: the objective's fields and checks (`objective_config`), the metrics
 (`loss`), the guard (`gradient_guard`), the checkpoint and Hub glue (`checkpointing`), the start-up line
-(`describe`), the card (`model_card`).
+(`describe`), the card (`model_card`). What the worker sends is read through `worker_samples.CheckedRollouts`
+(installed as TRL's `rollout_queue` on the main process), and the sampler settings are judged when the trainer is
+built (`async_sampler`: the server TRL's worker samples from is asked).
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import warnings
 from typing import ClassVar
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-from . import _compat, async_upgrade_guard, checkpoint, checkpointing, gradient_guard, learning_signal, model_card
+from . import (
+    _compat,
+    async_sampler,
+    async_upgrade_guard,
+    checkpoint,
+    checkpointing,
+    gradient_guard,
+    learning_signal,
+    model_card,
+    worker_samples,
+)
 from .async_config import AsyncRPGConfig, as_async_rpg_config
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
@@ -80,10 +93,42 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
                                          trainer="AsyncRPGTrainer"))
         self.skipped_steps = 0
-        self.batches_with_signal = 0  # micro-batches with a non-zero advantage on some process (this train() call)
+        self.batches_with_signal = 0  # micro-batches with a trained token of non-zero advantage (this train() call)
         # --- run guarantees, as RPGTrainer's (checkpointing): every Hub upload's result read ---
         self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout,
                                               trainer="AsyncRPGTrainer")
+        if self.accelerator.is_main_process:  # what the worker sends is checked before TRL's staleness filter reads it
+            self.rollout_queue = worker_samples.CheckedRollouts(
+                self.rollout_queue, worker_samples.worker_name(self.rollout_worker, self.args.vllm_server_base_url),
+                lambda: self.model_version, self.args.max_staleness, self._metrics["train"],
+                worker_samples.unusable_limit(self.args))
+        self.sampler_verdict = self._sampler_verdict()
+
+    def _sampler_verdict(self) -> async_sampler.SamplerVerdict:
+        # The settings w = pi_theta/mu is exact under (`async_sampler`): the main process asks the vLLM server TRL's
+        # worker samples from for its logprobs mode; every process gets its verdict (a refusal raised on all).
+        from accelerate.utils import broadcast_object_list
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+        verdict = [None]
+        if self.accelerator.is_main_process:
+            try:
+                server = mode = None
+                if isinstance(self.rollout_worker, AsyncRolloutWorker):
+                    server = self.args.vllm_server_base_url
+                    mode = async_sampler.asked_logprobs_mode(self.vllm_client)
+                verdict = [async_sampler.sampler_verdict(self.args, mode, server)]
+            except Exception as error:  # noqa: BLE001 - raised on every process below, not on this one alone
+                verdict = [error]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(verdict, from_process=0)
+        if isinstance(verdict[0], Exception):
+            raise verdict[0]
+        if verdict[0].kind == "refused":
+            raise async_sampler.SamplerRefused(verdict[0].message)
+        if verdict[0].kind == "warned" and self.accelerator.is_main_process:
+            warnings.warn(verdict[0].message, UserWarning, stacklevel=3)
+        return verdict[0]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's forward, metrics and step accounting run as they are, on a recording of the model call; its
@@ -108,7 +153,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         for key, value in values.items():  # TRL's own `kl`, `entropy` and `clip_ratio/*` are logged by TRL
             if key.startswith("rpg/"):
                 self._metrics["train"][key].append(value)
-        signal = acc.reduce((advantages != 0).any().float().reshape(1), reduction="sum")
+        signal = acc.reduce(worker_samples.trained_tokens(advantages, sampling_logps).any().float().reshape(1),
+                            reduction="sum")
         self.batches_with_signal += int(float(signal) > 0)
         return loss
 
@@ -135,7 +181,11 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
             if main:
                 logger.warning(describe_async_objective(self.args))
             self.batches_with_signal = 0
+            checked = self.rollout_queue if isinstance(self.rollout_queue, worker_samples.CheckedRollouts) else None
+            excluded_before = checked.excluded if checked else 0
             output = super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            if checked:  # the main process's count (only it reads the worker's queue)
+                output.metrics[worker_samples.EXCLUDED_RUN_METRIC] = float(checked.excluded - excluded_before)
             error = trained_on_nothing(self.state.global_step, self.state.max_steps, self.batches_with_signal)
             output.metrics[learning_signal.TRAINED_ON_NOTHING] = float(error is not None)
             if error:

@@ -1,8 +1,10 @@
 """The upgrade guard of `AsyncRPGTrainer` (`trl.experimental.async_grpo`): the reviewed code of every method of TRL's
 asynchronous trainer it overrides or relies on, and the verdict on every `AsyncGRPOConfig` field
 (`trl_rpg.async_config.ASYNC_FIELDS`). Built on `trl_rpg.upgrade_guard`'s digests; imported only when an
-`AsyncRPGTrainer` is built, so `RPGTrainer` never imports TRL's experimental API. TRL's experimental API changes
-without notice, so a change here is refused (no behavioural self-check as `RPGTrainer`'s), unless
+`AsyncRPGTrainer` is built, so `RPGTrainer` never imports TRL's experimental API. A TRL whose async methods changed
+runs the behavioural self-check (`async_upgrade_check`, registered with `upgrade_guard.register_review` and
+`upgrade_check.register_properties`, its verdict cached per installed version by `upgrade_verdict`), as `RPGTrainer`
+does: passed, it trains with one warning; failed, it is refused naming the property and the async files, unless
 `TRL_RPG_ALLOW_UNREVIEWED=1`."""
 
 from __future__ import annotations
@@ -11,7 +13,24 @@ import dataclasses
 import os
 import warnings
 
-from .upgrade_guard import ALLOW_ENV, REVIEWED_VERSIONS, ReviewedMethod, UnreviewedUpgrade, changed_methods, describe
+from . import upgrade_check
+from .upgrade_guard import (
+    ALLOW_ENV,
+    GONE,
+    REVIEWED_VERSIONS,
+    Review,
+    ReviewedMethod,
+    UnreviewedUpgrade,
+    _allowed,
+    _resolve,
+    _warn_once,
+    changed_methods,
+    describe,
+    describe_passed,
+    method_digests,
+    register_review,
+    replaced_here,
+)
 
 #: What `AsyncRPGTrainer` overrides or relies on; owners: the async trainer's classes, `"utils"` (trl.trainer.utils),
 #: `"packing"` (the async trainer's packing module).
@@ -29,8 +48,12 @@ ASYNC_REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
     ReviewedMethod("AsyncGRPOTrainer", "create_model_card", "0d1f888d680eddcf", "replaced by RPG's card"),
     ReviewedMethod("AsyncGRPOTrainer", "_get_grad_norm", "879dcba334e7231c", "wrapped: the non-finite guard"),
     ReviewedMethod("AsyncGRPOTrainer", "train", "12af1a3d2e4b8ae6", "wrapped: the start-up line"),
+    ReviewedMethod("AsyncGRPOTrainer", "get_train_dataloader", "b1a13d2bf2bd1cd1",
+                   "reads the samples from `rollout_queue` (main process), which RPG wraps with the checks of what "
+                   "the worker sends (`worker_samples.CheckedRollouts`)"),
     ReviewedMethod("RolloutQueueDataset", "__iter__", "486fa4a54d9f5194",
-                   "drops samples older than `max_staleness` and yields the sampler's log-probs and advantages"),
+                   "drops samples older than `max_staleness` (`model_version`, after RPG's checks) and yields the "
+                   "sampler's log-probs and advantages"),
     ReviewedMethod("DataCollatorForRollout", "torch_call", "6b8c597da2fcba9e", "`global_n_tokens`, the rows"),
     ReviewedMethod("TreeRow", "pack", "cf6cfbae66b7d447",
                    "`token_index`, `old_log_probs`, `advantages`: the flat per-token tensors of RPG's loss"),
@@ -42,37 +65,93 @@ ASYNC_REVIEWED_METHODS: tuple[ReviewedMethod, ...] = (
 )
 
 
-def _async_owners() -> dict:
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer, packing
-    from trl.trainer import utils
+#: Where each owner of `ASYNC_REVIEWED_METHODS` is looked up (`upgrade_guard.OWNERS`; "module:" is the module).
+ASYNC_OWNERS: dict[str, str] = {
+    "AsyncGRPOTrainer": "trl.experimental.async_grpo:AsyncGRPOTrainer",
+    "AsyncGRPOConfig": "trl.experimental.async_grpo:AsyncGRPOConfig",
+    "RolloutQueueDataset": "trl.experimental.async_grpo.async_grpo_trainer:RolloutQueueDataset",
+    "DataCollatorForRollout": "trl.experimental.async_grpo.async_grpo_trainer:DataCollatorForRollout",
+    "TreeRow": "trl.experimental.async_grpo.packing:TreeRow",
+    "utils": "trl.trainer.utils:", "packing": "trl.experimental.async_grpo.packing:"}
+#: The review's name (`upgrade_guard.REVIEWS`, `upgrade_check.PROPERTIES`, the verdict cache).
+REVIEW = "AsyncRPGTrainer"
+#: The files a maintainer reviews and records a new TRL's async code in (the refusal names them).
+ASYNC_FILES = ("trl_rpg/async_trainer.py and trl_rpg/async_config.py", "trl_rpg/async_upgrade_guard.py",
+               "tests/test_async_trainer.py and tests/test_async_upgrade_check.py")
 
-    return {"AsyncGRPOTrainer": AsyncGRPOTrainer, "AsyncGRPOConfig": AsyncGRPOConfig, "utils": utils,
-            "RolloutQueueDataset": async_grpo_trainer.RolloutQueueDataset, "packing": packing,
-            "DataCollatorForRollout": async_grpo_trainer.DataCollatorForRollout, "TreeRow": packing.TreeRow}
+
+def _async_owners() -> dict:
+    return {name: _resolve(path) for name, path in ASYNC_OWNERS.items()}
+
+
+def register() -> None:
+    """Register the review (the current `ASYNC_REVIEWED_METHODS`) and its self-check properties
+    (`async_upgrade_check.ASYNC_PROPERTIES`) with the synchronous trainer's machinery."""
+    from .async_config import ASYNC_FIELDS
+    from .async_upgrade_check import ASYNC_PROPERTIES
+
+    register_review(REVIEW, Review("trl_rpg.async_trainer:AsyncRPGTrainer", "AsyncGRPOTrainer", "AsyncGRPOConfig",
+                                   ASYNC_REVIEWED_METHODS, ASYNC_FIELDS, REVIEWED_VERSIONS), ASYNC_OWNERS)
+    if REVIEW not in upgrade_check.PROPERTIES:
+        upgrade_check.register_properties(REVIEW, *ASYNC_PROPERTIES)
+
+
+def async_text(message: str) -> str:
+    """A message of `upgrade_guard` (`describe`, `describe_passed`), naming the asynchronous trainer's review and
+    files instead of the synchronous one's."""
+    replacements = (
+        ("RPGTrainer was reviewed", "AsyncRPGTrainer was reviewed"),
+        ("trl_rpg.upgrade_guard.REVIEWED_METHODS", "trl_rpg.async_upgrade_guard.ASYNC_REVIEWED_METHODS"),
+        ("these GRPOConfig fields are not classified by RPG", "these AsyncGRPOConfig fields are not classified by "
+                                                             "AsyncRPGTrainer"),
+        ("trl_rpg.upgrade_guard.GRPO_FIELDS, the table of the README's drop-in section",
+         "trl_rpg.async_config.ASYNC_FIELDS"),
+        ("new GRPOConfig fields", "new AsyncGRPOConfig fields"),
+        ("trl_rpg/trainer.py and trl_rpg/config.py", ASYNC_FILES[0]),
+        ("trl_rpg/upgrade_guard.py and run tests/test_upgrade_guard.py", f"{ASYNC_FILES[1]} and run {ASYNC_FILES[2]}"),
+        ("so RPG trains on it", "so AsyncRPGTrainer trains on it"))
+    for old, new in replacements:
+        message = message.replace(old, new)
+    return message
 
 
 def check_async(owners: dict | None = None, config_class=None) -> list[str]:
-    """`check()` for `AsyncRPGTrainer`: `ASYNC_REVIEWED_METHODS` and the `AsyncGRPOConfig` fields
-    (`trl_rpg.async_config.ASYNC_FIELDS` classifies them), the same error or, with `TRL_RPG_ALLOW_UNREVIEWED=1`,
-    warning."""
+    """`upgrade_guard.check()` for `AsyncRPGTrainer`: nothing to do on the reviewed code. A changed method
+    (`ASYNC_REVIEWED_METHODS`) runs the behavioural self-check (`async_upgrade_check`, in a fresh process, cached per
+    installed version by `upgrade_verdict`): passed, one warning and the trainer trains; failed (or a method gone, or
+    replaced in this process), `UnreviewedUpgrade` naming what failed and the async files to review. An
+    `AsyncGRPOConfig` field not classified in `trl_rpg.async_config.ASYNC_FIELDS` is refused without a self-check.
+    With `TRL_RPG_ALLOW_UNREVIEWED=1` a refusal is a warning. Returns the changes found."""
     from importlib.metadata import version
 
+    from . import upgrade_verdict
     from .async_config import ASYNC_FIELDS
 
     if config_class is None:
         from trl.experimental.async_grpo import AsyncGRPOConfig as config_class
-    methods = changed_methods(owners or _async_owners(), ASYNC_REVIEWED_METHODS)
+    owners = owners or _async_owners()
+    methods = changed_methods(owners, ASYNC_REVIEWED_METHODS)
     fields = [f.name for f in dataclasses.fields(config_class) if f.name not in ASYNC_FIELDS]
-    if not (methods or fields):
-        return []
-    message = describe(methods, fields, {name: version(name) for name in REVIEWED_VERSIONS}).replace(
-        "RPGTrainer was reviewed", "AsyncRPGTrainer was reviewed").replace(
-        "GRPOConfig fields are not classified", "AsyncGRPOConfig fields are not classified (trl_rpg.async_config."
-        "ASYNC_FIELDS)").replace("REVIEWED_METHODS", "ASYNC_REVIEWED_METHODS")
-    if os.environ.get(ALLOW_ENV, "").strip().lower() not in ("1", "true", "yes"):
+    if not (methods or fields) or os.environ.get(upgrade_verdict.IN_CHECK_ENV):
+        return methods + fields
+    register()
+    versions = {name: version(name) for name in REVIEWED_VERSIONS}
+    replaced = replaced_here(REVIEW, owners)
+    gone = [name for name in methods if name.endswith(GONE)]
+    verdict = None
+    if not (replaced or gone or fields):
+        verdict = upgrade_verdict.verdict(REVIEW, method_digests(REVIEW, owners), fields)
+        if verdict.passed:
+            _warn_once(async_text(describe_passed(methods, fields, versions, verdict, REVIEWED_VERSIONS)))
+            return methods
+    message = async_text(describe(methods, fields, versions, verdict, replaced, REVIEWED_VERSIONS))
+    if not _allowed():  # "1", "true" or "yes" only: "0" is not permission
         raise UnreviewedUpgrade(message)
     warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)
     return methods + fields
 
 
-__all__ = ["ASYNC_REVIEWED_METHODS", "check_async"]
+__all__ = ["ASYNC_FILES", "ASYNC_OWNERS", "ASYNC_REVIEWED_METHODS", "REVIEW", "async_text", "check_async",
+           "register"]
+
+register()

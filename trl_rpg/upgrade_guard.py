@@ -193,9 +193,10 @@ OWNERS: dict[str, str] = {"GRPOTrainer": "trl:GRPOTrainer", "Trainer": "transfor
 def _resolve(path: str):
     import importlib
 
-    module, attribute = path.split(":")
+    module, attribute = path.split(":")  # "module:" is the module itself (an owner of module-level functions)
     try:
-        return getattr(importlib.import_module(module), attribute, None)
+        return getattr(importlib.import_module(module), attribute, None) if attribute else importlib.import_module(
+            module)
     except ImportError:
         return None
 
@@ -235,8 +236,9 @@ def replaced_here(review: str = "RPGTrainer", owners: dict | None = None) -> lis
     owners, spec, found = owners or _owners(), REVIEWS[review], []
     for name, path in OWNERS.items():
         owner = owners.get(name)
-        if owner is not None and owner.__module__.split(".")[0] != path.split(".")[0].split(":")[0]:
-            found.append(f"{name} (now {owner.__module__}.{owner.__qualname__})")
+        where = getattr(owner, "__module__", None) or getattr(owner, "__name__", "")  # a class, or a module
+        if owner is not None and where.split(".")[0] != path.split(".")[0].split(":")[0]:
+            found.append(f"{name} (now {where}.{getattr(owner, '__qualname__', '')})")
     for method in spec.methods:
         owner = owners.get(method.owner)
         defining = next((c for c in getattr(owner, "__mro__", ()) if method.name in vars(c)), None)

@@ -12,8 +12,9 @@ CPU: the tests and `benchmarks/asynchronous.py` use them; a real run uses TRL's 
   bottom-right causal alignment), grouped-query heads repeated, a sliding window honoured.
 
 Use them inside :func:`trl_rpg._compat.async_trainer_on_cpu` (which puts :class:`VarlenAttention` in place of the
-kernel). Sampling is temperature only (`top_p=1`, `top_k=0`), single turn, no tools; the advantages are TRL's
-worker's, ``(reward - group mean) / (group std + 1e-8)``.
+kernel). Sampling is temperature only (`top_p=1`, `top_k=0`), single turn, no tools; the rewards and advantages are
+TRL's worker's, ``(reward - group mean) / (group std + 1e-8)`` over the scored completions, 0 for one that every
+reward function left unscored (None); `tests/test_async_loss_terms.py` checks both against TRL's worker's code.
 
 TRL's dataloader fetches one micro-batch ahead (accelerate's dispatcher), so a micro-batch is trained after at most
 one more optimizer step than its measured staleness: the weight ``w = pi_theta/mu`` the loss uses is exact whatever
@@ -219,7 +220,12 @@ class StaleRolloutWorker:
             prompts=[prompt] * n, completions=completions, completion_ids=tokens, **columns)]
             for func in self.reward_funcs], dtype=float)
         rewards = np.nansum(per_func, axis=0)
-        advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)  # TRL's rollout worker
+        rewards[np.isnan(per_func).all(axis=0)] = np.nan  # TRL's rollout worker: unscorable (every function None),
+        scored = rewards[~np.isnan(rewards)]  # advantage 0, the group's mean and std taken over the scored ones
+        advantages = np.zeros_like(rewards)
+        if scored.size:
+            advantages[~np.isnan(rewards)] = (scored - scored.mean()) / (scored.std() + 1e-8)
+        reward_std = float(scored.std()) if scored.size else float("nan")
         names = [getattr(func, "__name__", type(func).__name__) for func in self.reward_funcs]
         now = time.time()
         return [RolloutSample(
@@ -227,7 +233,7 @@ class StaleRolloutWorker:
             completion_mask=np.asarray([0] * len(prompt_ids) + [1] * len(ids), dtype=np.int64),
             old_log_probs=np.asarray([0.0] * len(prompt_ids) + lps, dtype=np.float32),
             advantage=float(advantage), model_version=version, group_id=self._group,
-            metrics={"reward": float(reward), "reward_std": float(rewards.std()),
+            metrics={"reward": float(reward), "reward_std": reward_std,
                      **{f"rewards/{name}": float(value) for name, value in zip(names, per_func[:, i])}},
             enqueued_at=now)
             for i, (completion, ids, lps, advantage, reward) in enumerate(
