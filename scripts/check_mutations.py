@@ -1506,6 +1506,15 @@ MUTATIONS = [
              "    print(path)\n",
              "    pass\n",
              "tests/test_smollm2.py -k prepare_prints"),
+    # ---- issue 47, the newcomer's path (helper `i47b`) ----
+    Mutation("i47: a --config recipe that is not YAML left to PyYAML's traceback", "trl_rpg/cli/arguments.py",
+             "        raise ValueError(yaml_error_message(recipe, error)) from None",
+             "        return",
+             "tests/test_cli_one_line_errors.py -k not_yaml"),
+    Mutation("i47: a YAML error's line counted from 0", "trl_rpg/cli/arguments.py",
+             'where = f", line {mark.line + 1}, column {mark.column + 1}"',
+             'where = f", line {mark.line}, column {mark.column + 1}"',
+             "tests/test_cli_one_line_errors.py -k not_yaml"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
