@@ -204,3 +204,16 @@ def output_dir_lock(output_dir: str, saves: bool, gather: Callable[[list], list]
 
 __all__ = ["LOCK_FILE", "OutputDirBusy", "OutputLock", "acquire", "busy_message", "holder_running",
            "output_dir_lock", "read_holder"]
+
+
+def check_output_dir_free(output_dir: str) -> None:
+    """Raise the `OutputDirBusy` that `acquire` would raise now, without taking the lock: a look at `output_dir`
+    before a model and data load (a lock of a run still running, of another host, or a file that is not a lock
+    record). No lock, or a stale one (`acquire` replaces it), passes."""
+    path = os.path.join(output_dir, LOCK_FILE)
+    holder = read_holder(path)
+    if holder is None:
+        return
+    running = holder_running(holder) if holder else None
+    if running is not False:
+        raise OutputDirBusy(busy_message(output_dir, path, holder, running))
