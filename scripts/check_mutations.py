@@ -1455,7 +1455,7 @@ MUTATIONS = [
              '    "--delta": "Lower clip width eps_low (> 0) of RPG-Style Clip: the trust region',
              "tests/test_cli.py -k argparse_contradicts"),
     Mutation("newcomer: gpu_check.sh runs on without DeepSpeed", "scripts/gpu_check.sh",
-             """if [ "$VLLM" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; """
+             """if [ "$VLLM" = 0 ] && [ "$ASYNC" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; """
              """sys.exit(importlib.util.find_spec('deepspeed') is None)"; then""",
              "if false; then",
              "tests/test_gpu_check.py"),
