@@ -1559,6 +1559,22 @@ MUTATIONS = [
              'if [ "$VLLM" = 0 ] && [ "$ASYNC" = 0 ] && ! "$PYTHON"',
              'if [ "$VLLM" = 0 ] && ! "$PYTHON"',
              "tests/test_gpu_check.py -k async_does_not_ask"),
+    Mutation("i47: the async demo's worker samples from the current policy", "trl_rpg/toy/async_demo.py",
+             "staleness=staleness, seed=seed, groups_per_call",
+             "staleness=0, seed=seed, groups_per_call",
+             "tests/test_async_demo.py -k staleness_asked"),
+    Mutation("i47: trl-rpg demo --async ignores --staleness", "trl_rpg/cli/demo.py",
+             "staleness=ASYNC_DEMO_STALENESS if args.staleness is None else args.staleness,",
+             "staleness=ASYNC_DEMO_STALENESS,",
+             "tests/test_async_demo.py -k staleness_asked"),
+    Mutation("i47: the async demo's difference printed the wrong way round", "trl_rpg/toy/async_demo.py",
+             'difference = (accuracy["AsyncRPG"] - accuracy["AsyncGRPO"]) * 100',
+             'difference = (accuracy["AsyncGRPO"] - accuracy["AsyncRPG"]) * 100',
+             "tests/test_async_demo.py -k asyncrpg_minus_asyncgrpo"),
+    Mutation("i47: the async demo's AsyncRPG without its KL term", "trl_rpg/toy/async_demo.py",
+             '"AsyncRPG": {"beta": ASYNC_DEMO_BETA,',
+             '"AsyncRPG": {"beta": 0.0,',
+             "tests/test_async_demo.py -k staleness_asked"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:
