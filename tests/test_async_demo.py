@@ -59,6 +59,8 @@ def test_the_comparison_is_asyncrpg_minus_asyncgrpo_in_points():
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["--staleness", "2"], "--staleness does not apply to --model toy without --async"),
+    (["--staleness", "0"], "--staleness does not apply to --model toy without --async"),
+    (["--quick"], "--quick does not apply to --model toy without --async"),
     (["--async", "--model", "smollm2"], "--model smollm2 does not apply to --async"),
     (["--async", "--eval_every", "3"], "--eval_every does not apply to --async"),
 ])

@@ -305,8 +305,8 @@ def check_recipe_values(recipe: str | None, parser) -> None:
 
 def yaml_error_message(path: str, error: Exception) -> str:
     """PyYAML's error as one line naming the file, line and column (1-based) where the parser stopped: `recipe.yaml,
-    line 3, column 10: not YAML (expected ',' or ']', but got ':', while parsing a flow sequence started at line 2,
-    column 15)`."""
+    line 3, column 10: not valid YAML (expected ',' or ']', but got ':', while parsing a flow sequence started at
+    line 2, column 15).`"""
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
     where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     problem = getattr(error, "problem", None) or " ".join(str(error).split())

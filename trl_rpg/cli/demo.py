@@ -73,7 +73,7 @@ def run_demo_command(argv: list[str]) -> int:
             parser.error(f"{', '.join(given) or '--model ' + args.model} does not apply to --async")
         return _run_async(args, overrides)
     other = (_TOY_ONLY if args.model == "smollm2" else _SMOLLM2_ONLY) + _ASYNC_ONLY
-    given = [f"--{name}" for name in other if getattr(args, name) not in (None, False)]
+    given = [f"--{name}" for name in other if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         parser.error(f"{', '.join(given)} does not apply to --model {args.model}"
                      + (" without --async" if set(given) & {"--staleness", "--quick"} else ""))
