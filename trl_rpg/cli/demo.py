@@ -112,8 +112,13 @@ def _run_async(args, overrides) -> int:
     import importlib.util
     import sys
 
-    from ..toy.async_demo import ASYNC_DEMO_EVAL_PROBLEMS, ASYNC_DEMO_MAX_STEPS, ASYNC_DEMO_STALENESS, QUICK
-    from ..toy.async_demo import run_async_demo
+    from ..toy.async_demo import (
+        ASYNC_DEMO_EVAL_PROBLEMS,
+        ASYNC_DEMO_MAX_STEPS,
+        ASYNC_DEMO_STALENESS,
+        QUICK,
+        run_async_demo,
+    )
 
     if importlib.util.find_spec("requests") is None:  # TRL's asynchronous trainer builds its vLLM client with it
         print("trl-rpg demo: error: --async needs requests (TRL's asynchronous trainer imports it): pip install "

@@ -77,8 +77,8 @@ def async_demo_config(method: str, output_dir: str, seed: int, max_steps: int, s
 
 def _train(method: str, model_path: str, tokenizer, train_dataset, args, staleness: int, seed: int):
     """Train one method from `model_path` with the stale CPU worker; return the trainer."""
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
     from transformers.trainer_callback import PrinterCallback
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from .._compat import async_trainer_on_cpu
     from ..async_trainer import AsyncRPGTrainer
