@@ -41,7 +41,8 @@ for arg in "$@"; do
 done
 
 PYTHON="${PYTHON:-python}"
-if [ "$VLLM" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
+# DeepSpeed is for the ZeRO-3 comparison only: --vllm and --async (TRL's asynchronous trainer) do not use it
+if [ "$VLLM" = 0 ] && [ "$ASYNC" = 0 ] && ! "$PYTHON" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('deepspeed') is None)"; then
   echo "[gpu_check] needs DeepSpeed (both trainers run under ZeRO-3, on CPU with --dry-run too), which $PYTHON cannot" \
        "import: pip install -e \".[deepspeed]\" (the test extra has it; the demo's does not)" >&2
   exit 1

@@ -113,3 +113,22 @@ def test_a_recipe_value_of_the_wrong_type_is_one_line_naming_the_file_and_key(la
     recipe.write_text("model_name_or_path: m\noutput_dir: o\nuse_cpu: true\nbf16: false\nreward_funcs: [math_reward]\n"
                       "learning_rate: 1.0e-5\nsave_strategy: 'no'\nmax_grad_norm: 1\n")
     assert cli.main(["train", "--config", str(recipe)]) == 0 and len(launched) == 1
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("model_name_or_path: m\nreward_funcs: [math_reward\nmax_steps: 3\n",
+     "line 3, column 10: not valid YAML (expected ',' or ']', but got ':', while parsing a flow sequence started at "
+     "line 2, column 15)."),
+    ("model_name_or_path: m\n\toutput_dir: o\n", "line 2, column 1: not valid YAML (found character '\\t' that "
+                                                "cannot start any token, while scanning for the next token)."),
+], ids=["unclosed_list", "tab"])
+def test_a_recipe_that_is_not_yaml_is_one_line_naming_the_file_line_and_column(launched, tmp_path, capsys, text, said):
+    """PyYAML's parser error was a 42-line traceback; now one line, the file and the place where the parser stopped."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text)
+    for kwargs in ({}, {"launch": False, "prog": "python -m trl_rpg"}):  # the launcher, then a training process
+        assert cli.main(["train", "--config", str(recipe)], **kwargs) == 2
+        last, err = _last_line(capsys)
+        assert last.endswith(f"train: error: {recipe}, {said}"), last
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not launched

@@ -240,3 +240,66 @@ def test_a_stale_lock_replaced_while_another_run_starts_is_held_by_one_run_only(
     held = [outcome for outcome in outcomes[1:] if isinstance(outcome, output_lock.OutputLock)]
     assert len(held) == 1, outcomes
     assert [holder["token"] for holder in held_locks(tmp_path)] == [held[0].token]
+
+
+@pytest.fixture
+def no_loading(monkeypatch):
+    """Model and data loads recorded and stopped: a refusal must come before them."""
+    import transformers
+
+    from trl_rpg.cli import training
+
+    loads = []
+
+    def load(*args, **kwargs):
+        loads.append(args)
+        raise AssertionError("loaded before the output folder was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", load)
+    monkeypatch.setattr(training, "load_training_data", load)
+    return loads
+
+
+def test_a_busy_output_dir_is_refused_before_the_model_loads(tmp_path, other_process, no_loading, monkeypatch):
+    """The second run was refused only at `train()`, after the model and data had loaded (34 s); now in the
+    constructor, before `from_pretrained`. Several processes leave it to `train()` (their lock is taken together)."""
+    model = save_tiny_model(str(tmp_path / "model"))
+    plant_lock(tmp_path / "out", other_process.pid)
+    args = RPGConfig(**cpu_args(tmp_path / "out", max_steps=1))
+    with pytest.raises(OutputDirBusy, match=f"process {other_process.pid} on {socket.gethostname()}.*still running"):
+        RPGTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+    assert not no_loading
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(AssertionError, match="loaded before"):
+        RPGTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+
+
+def test_a_stale_lock_lets_the_trainer_load(tmp_path, other_process, no_loading):
+    model = save_tiny_model(str(tmp_path / "model"))
+    plant_lock(tmp_path / "out", other_process.pid, process_start=1.0)  # a reused process id: stale
+    args = RPGConfig(**cpu_args(tmp_path / "out", max_steps=1))
+    with pytest.raises(AssertionError, match="loaded before"):
+        RPGTrainer(model=model, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
+
+
+def test_the_command_line_refuses_a_busy_output_dir_in_one_line_before_loading(tmp_path, other_process, no_loading,
+                                                                              monkeypatch, capsys):
+    from accelerate.commands import launch
+
+    from trl_rpg import cli
+    from trl_rpg.cli import launcher
+
+    launched = []
+    monkeypatch.setattr(launch, "launch_command", launched.append)
+    monkeypatch.setattr(launcher, "run_train", lambda argv, prog: launched.append(argv) or 0)
+    plant_lock(tmp_path / "out", other_process.pid)
+    argv = ["train", "--model_name_or_path", "m", "--output_dir", str(tmp_path / "out"), "--use_cpu", "True",
+            "--bf16", "False"]
+    for kwargs in ({}, {"launch": False, "prog": "python -m trl_rpg"}):  # the launcher, then a training process
+        assert cli.main(argv, **kwargs) == 2
+        err = capsys.readouterr().err
+        last = err.strip().splitlines()[-1]
+        assert "train: error: RPGTrainer: output_dir" in last and f"process {other_process.pid}" in last, last
+        assert "Traceback" not in err
+    assert not launched and not no_loading

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = re.compile(r"python3 -m venv (\S+) && \. (\S+)/bin/activate && ")
@@ -91,7 +92,12 @@ def test_quick_start_runs_as_written_on_cpu_and_learns(new_user, monkeypatch, ca
     cpu = code_blocks(section("Quick start"), "python")[0]
     assert "use_cpu=True, bf16=False" in cpu and "Qwen" not in cpu  # a local model on CPU: nothing to download
     monkeypatch.chdir(new_user)
-    exec(compile(cpu, "README.md (quick start)", "exec"), {"__name__": "__main__"})
+    assert "torch.set_num_threads(1)" in cpu and "gradient_checkpointing=False" in cpu  # as fast as the recipe
+    threads = torch.get_num_threads()
+    try:
+        exec(compile(cpu, "README.md (quick start)", "exec"), {"__name__": "__main__"})
+    finally:
+        torch.set_num_threads(threads)  # the quick start's setting, not the next test's
     printed = capsys.readouterr().out
     before = float(re.search(r"held-out accuracy before: ([\d.]+)%", printed).group(1))
     after = float(re.search(r"held-out accuracy after: ([\d.]+)%", printed).group(1))

@@ -207,6 +207,15 @@ def async_trainer_on_cpu(varlen_attention) -> Iterator[None]:
         packing._flash_attn, async_grpo_trainer.get_peak_flops_per_device = saved
 
 
+def async_cpu_stand_ins_installed() -> bool:
+    """Whether TRL's asynchronous trainer runs with the CPU stand-ins now (inside `async_trainer_on_cpu`): its MFU
+    metric no longer asks CUDA for the device's name (`get_peak_flops_per_device`, TRL's own outside the block)."""
+    from trl.experimental.async_grpo import async_grpo_trainer
+    from trl.trainer import utils
+
+    return async_grpo_trainer.get_peak_flops_per_device is not utils.get_peak_flops_per_device
+
+
 @contextmanager
 def trainer_hub_api(wrap) -> Iterator[None]:
     """Within the block, transformers' Trainer gets `wrap(api)` from `hf_api()` (the shared `HfApi` it uploads with,

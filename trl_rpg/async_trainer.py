@@ -42,6 +42,7 @@ from . import (
     worker_samples,
 )
 from .async_config import AsyncRPGConfig, as_async_rpg_config
+from .async_runtime import check_async_runtime
 from .describe import describe_async_objective
 from .loss import packed_token_mean, reduced_metrics
 from .objectives import rpg_per_token_loss
@@ -87,6 +88,7 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):
         async_upgrade_guard.check_async()  # first: TRL code RPG relies on changed must not train silently wrong
+        check_async_runtime(positional, kwargs)  # no CUDA GPU, no stand-ins: one line, before anything loads
         args = as_async_rpg_config(args, model)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 
 from .rewards.registry import check_reward_columns
 
@@ -58,13 +59,25 @@ def validate_eval_dataset(eval_dataset, reward_funcs) -> None:
 
 
 def validate_inputs(train_dataset, eval_dataset, reward_funcs, args) -> None:
-    """What a trainer checks before any model is loaded: the training set's prompts (`validate_train_dataset`) and
-    size (`validate_dataset_size`), the columns its reward functions read (`rewards.check_reward_columns`), the
-    evaluation set(s) (`validate_eval_dataset`)."""
+    """What a trainer checks before any model is loaded: the output folder is not another run's
+    (`check_output_dir_free`), the training set's prompts (`validate_train_dataset`) and size
+    (`validate_dataset_size`), the columns its reward functions read (`rewards.check_reward_columns`), the evaluation
+    set(s) (`validate_eval_dataset`)."""
+    check_output_dir_free(args.output_dir)
     validate_train_dataset(train_dataset)
     validate_dataset_size(train_dataset, args)
     check_reward_columns(reward_funcs, getattr(train_dataset, "column_names", None))
     validate_eval_dataset(eval_dataset, reward_funcs)
+
+
+def check_output_dir_free(output_dir: str | None) -> None:
+    """Refuse, before the model and data load, an `output_dir` whose lock another run holds (`OutputDirBusy`, as
+    `train()` would after them). One process only: the processes of a run take the lock together in `train()`, and
+    one still loading could find its own run's lock, just taken by the main process."""
+    from .checkpoint.lock import check_output_dir_free as check_free
+
+    if output_dir and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        check_free(output_dir)
 
 
 def _no_prompt_column(name, columns) -> str:

@@ -317,5 +317,17 @@ def output_dir_lock(output_dir: str, saves: bool, gather: Callable[[list], list]
             lock.release()
 
 
-__all__ = ["LOCK_FILE", "OutputDirBusy", "OutputLock", "acquire", "busy_message", "holder_running", "lock_files",
-           "odd_message", "output_dir_lock", "read_holder", "record_problem"]
+__all__ = ["LOCK_FILE", "OutputDirBusy", "OutputLock", "acquire", "busy_message", "check_output_dir_free",
+           "holder_running", "lock_files", "odd_message", "output_dir_lock", "read_holder", "record_problem"]
+
+
+def check_output_dir_free(output_dir: str) -> None:
+    """Raise the `OutputDirBusy` that `acquire` would raise now, without taking the lock: a look at `output_dir`
+    before a model and data load (a lock of a run still running or that cannot be checked from here, or a file that
+    is not a lock record). No lock, or only stale ones (`acquire` removes them), passes."""
+    for path in lock_files(output_dir):
+        holder, problem = _read(path)
+        if problem:
+            raise OutputDirBusy(odd_message(output_dir, path, problem))
+        if holder is not None and holder_running(holder) is not False:  # alive, or not checkable from here
+            raise OutputDirBusy(busy_message(output_dir, path, holder, holder_running(holder)))

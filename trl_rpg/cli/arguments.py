@@ -280,8 +280,10 @@ def check_recipe_values(recipe: str | None, parser) -> None:
     try:
         with open(recipe, encoding="utf-8") as f:
             values = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
+    except OSError:
         return  # TRL's parser reports it
+    except yaml.YAMLError as error:
+        raise ValueError(yaml_error_message(recipe, error)) from None
     if not isinstance(values, dict):
         return
     fields = {}
@@ -299,6 +301,20 @@ def check_recipe_values(recipe: str | None, parser) -> None:
                     if any(_is_list(arm) for arm in _union_arms(annotation)) else "")
             raise ValueError(f"{recipe}: the value of key {key}, {value!r:.100}, is not one {key} takes: "
                              f"{_type_text(annotation)}{hint}.")
+
+
+def yaml_error_message(path: str, error: Exception) -> str:
+    """PyYAML's error as one line naming the file, line and column (1-based) where the parser stopped: `recipe.yaml,
+    line 3, column 10: not valid YAML (expected ',' or ']', but got ':', while parsing a flow sequence started at
+    line 2, column 15).`"""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(error, "problem", None) or " ".join(str(error).split())
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context:
+        problem += f", {context}" + (f" started at line {start.line + 1}, column {start.column + 1}"
+                                     if start is not None and start is not mark else "")
+    return f"{path}{where}: not valid YAML ({problem})."
 
 
 def _union_arms(annotation) -> tuple:

@@ -9,6 +9,7 @@ import argparse
 def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
     from ..objectives import DIVERGENCES, ESTIMATORS
     from ..smollm2.demo import SMOL_DEMO_MAX_STEPS
+    from ..toy.async_demo import ASYNC_DEMO_STALENESS, QUICK
     from ..toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
     from ..toy.task import DEFAULT_SFT_STEPS
 
@@ -37,6 +38,18 @@ def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
     parser.add_argument("--cache_dir", default=None,
                         help="Where SmolLM2 is prepared (default: $TRL_RPG_CACHE, else $XDG_CACHE_HOME/trl-rpg, else "
                              "~/.cache/trl-rpg; smollm2 only).")
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help="Instead: AsyncRPGTrainer against TRL's AsyncGRPOTrainer on the toy task, on CPU with "
+                             "stand-ins for the vLLM server, every sample --staleness policy versions old; prints "
+                             "both held-out accuracies and their difference (a few minutes on 2 cores; needs "
+                             "requests, in the demo extra).")
+    parser.add_argument("--staleness", type=int, default=None,
+                        help=f"With --async: policy versions between the sampler and the trained policy (default: "
+                             f"{ASYNC_DEMO_STALENESS}).")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"With --async: a check that it runs ({QUICK['max_steps']} steps, "
+                             f"{QUICK['sft_steps']} warm-up steps, {QUICK['num_eval_problems']} held-out problems), "
+                             "whose accuracies mean little.")
     parser.add_argument("--rpg_divergence", default=None, choices=list(DIVERGENCES),
                         help="Divergence (default: RPGConfig's 'urkl').")
     parser.add_argument("--rpg_estimator", default=None, choices=list(ESTIMATORS),
@@ -47,16 +60,23 @@ def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
 #: Options of one demo only, refused with the other.
 _TOY_ONLY = ("eval_every", "sft_steps")
 _SMOLLM2_ONLY = ("cache_dir",)
+_ASYNC_ONLY = ("staleness", "quick")
 
 
 def run_demo_command(argv: list[str]) -> int:
     parser = make_demo_parser()
     args = parser.parse_args(argv)
     overrides = {k: getattr(args, k) for k in ("rpg_divergence", "rpg_estimator") if getattr(args, k) is not None}
-    other = _TOY_ONLY if args.model == "smollm2" else _SMOLLM2_ONLY
-    given = [f"--{name}" for name in other if getattr(args, name) is not None]
+    if args.asynchronous:
+        given = [f"--{name}" for name in ("eval_every", "cache_dir") if getattr(args, name) is not None]
+        if args.model != "toy" or given:
+            parser.error(f"{', '.join(given) or '--model ' + args.model} does not apply to --async")
+        return _run_async(args, overrides)
+    other = (_TOY_ONLY if args.model == "smollm2" else _SMOLLM2_ONLY) + _ASYNC_ONLY
+    given = [f"--{name}" for name in other if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
-        parser.error(f"{', '.join(given)} does not apply to --model {args.model}")
+        parser.error(f"{', '.join(given)} does not apply to --model {args.model}"
+                     + (" without --async" if set(given) & {"--staleness", "--quick"} else ""))
     if args.model == "smollm2":
         return _run_smollm2(args, overrides)
     from ..toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS, run_demo
@@ -84,3 +104,34 @@ def _run_smollm2(args, overrides) -> int:
         print(f"trl-rpg demo: error: {error}", file=sys.stderr)
         return 1
     return 0 if result["after"]["sampled"] >= result["before"]["sampled"] else 1
+
+
+def _run_async(args, overrides) -> int:
+    """`trl-rpg demo --async`: AsyncRPG against AsyncGRPO (`trl_rpg.toy.async_demo`); exits 0 when both ran (it
+    compares, it does not require either to win)."""
+    import importlib.util
+    import sys
+
+    from ..toy.async_demo import (
+        ASYNC_DEMO_EVAL_PROBLEMS,
+        ASYNC_DEMO_MAX_STEPS,
+        ASYNC_DEMO_STALENESS,
+        QUICK,
+        run_async_demo,
+    )
+
+    if importlib.util.find_spec("requests") is None:  # TRL's asynchronous trainer builds its vLLM client with it
+        print("trl-rpg demo: error: --async needs requests (TRL's asynchronous trainer imports it): pip install "
+              "'trl-rpg[demo]'", file=sys.stderr)
+        return 1
+    quick = QUICK if args.quick else {}
+    max_steps = args.max_steps if args.max_steps is not None else quick.get("max_steps", ASYNC_DEMO_MAX_STEPS)
+    if max_steps < 1 or (args.staleness is not None and args.staleness < 0):
+        print("trl-rpg demo: error: --max_steps must be >= 1 and --staleness >= 0", file=sys.stderr)
+        return 2
+    run_async_demo(output_dir=args.output_dir or "rpg-demo-async", seed=args.seed, max_steps=max_steps,
+                   staleness=ASYNC_DEMO_STALENESS if args.staleness is None else args.staleness,
+                   num_threads=args.num_threads,
+                   sft_steps=args.sft_steps if args.sft_steps is not None else quick.get("sft_steps"),
+                   num_eval_problems=quick.get("num_eval_problems", ASYNC_DEMO_EVAL_PROBLEMS), rl_overrides=overrides)
+    return 0

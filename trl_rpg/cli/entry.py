@@ -42,7 +42,8 @@ commands:
            the RPG ones (rpg_*) included.
   demo     Train a tiny model on a toy arithmetic task on CPU (no download; about 40 s on 2 idle cores, 70 s at
            load 3); prints held-out accuracy before and after and writes the model and a plot of reward and
-           accuracy.
+           accuracy. `{prog} demo --async`: AsyncRPGTrainer against TRL's AsyncGRPOTrainer on CPU, every sample
+           --staleness versions old (stand-ins for the vLLM server; a few minutes).
   plot     Draw a run's curves (reward, divergence, the range of w, clip fractions) from its trainer_state.json:
            `{prog} plot OUTPUT_DIR` (a run still going too), a checkpoint folder, or the file.
   prepare  Make a real pretrained model a local folder and print its path: `{prog} prepare smollm2`

@@ -15,6 +15,8 @@ import warnings
 
 from trl.cli.commands.training import _subtract_subsequence as subtract_subsequence  # TRL's, for `trl <command>`
 
+from ..checkpoint.lock import OutputDirBusy
+from ..validation import check_output_dir_free
 from .arguments import (
     _is_number,
     _launcher_flags,
@@ -67,13 +69,14 @@ def launch_train(argv: list[str], prog: str = "trl-rpg train") -> int:
             check_mixed_precision(accelerate_args, parsed_args)
             check_model_name(model_args.model_name_or_path)
             check_resume_path(parsed_args.resume_from_checkpoint, parsed_args.output_dir)
+            check_output_dir_free(parsed_args.output_dir)  # before any process starts, whatever their count
             check_reward_names(script_args.reward_funcs)
             if not dataset_args.datasets:
                 check_dataset_name(script_args.dataset_name)
                 layout = batch_layout(parsed_args, _process_count(accelerate_args),
                                       _sets_generation_batch_size(argv, parser))
                 check_local_data_columns(script_args, parsed_args.max_completion_length, layout)
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, FileNotFoundError, OutputDirBusy) as error:
             return report_usage_error(prog, error)
     complete_launch_defaults(accelerate_args)
     one_process = one_plain_process(accelerate_args)

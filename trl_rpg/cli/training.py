@@ -11,6 +11,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checkpoint.lock import OutputDirBusy
+from ..validation import check_output_dir_free
 from .arguments import (
     _parser_flags,
     _unknown_arguments_message,
@@ -45,6 +47,7 @@ def prepare_training(script_args, training_args, model_args, dataset_args=None) 
     if not model_args.model_name_or_path:
         raise ValueError("trl-rpg train needs --model_name_or_path (a Hub id or a local model folder).")
     check_resume_path(training_args.resume_from_checkpoint, training_args.output_dir)
+    check_output_dir_free(training_args.output_dir)  # another run's folder: refused before the data load
     reward_funcs = []
     if script_args.reward_model_name_or_path:
         reward_funcs.append(script_args.reward_model_name_or_path)
@@ -130,7 +133,7 @@ def run_train(argv: list[str], prog: str = "python -m trl_rpg train") -> int:
         if cli_remaining:
             raise ValueError(_unknown_arguments_message(cli_remaining, _parser_flags(parser), launcher_flags=None))
         setup = prepare_training(*parsed)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, OutputDirBusy) as error:
         return report_usage_error(prog, error)
     try:
         train(*parsed, setup=setup)

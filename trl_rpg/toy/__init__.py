@@ -5,18 +5,31 @@ arithmetic with a verifiable reward, a short supervised warm-up, and the demo th
 `RPGTrainer` on CPU. The demo, the tests, the benchmarks and `scripts/gpu_check.py` use it; `trl-rpg train
 --reward_funcs toy_reward` reaches `toy_reward` through the reward registry. The task itself is `trl_rpg.toy.task`
 (every public name of the toy's modules), the demo `trl_rpg.toy.demo`.
+
+The CPU stand-ins for the vLLM side of TRL's asynchronous trainer (`trl_rpg.toy.async_rollouts`; they need
+`requests`, in the `demo` extra): `StaleRolloutWorker` (rollout worker and weight transfer), `VarlenAttention` (the
+FA3 varlen kernel), installed with `async_trainer_on_cpu(VarlenAttention)`, within which `AsyncRPGTrainer` /
+`AsyncGRPOTrainer` train on CPU (`trl-rpg demo --async`, docs/asynchronous.md).
 """
 
 from .task import build_model, build_tokenizer, build_toy_model, evaluate_accuracy, make_dataset, toy_reward
 
-__all__ = ["build_model", "build_tokenizer", "build_toy_model", "evaluate_accuracy", "make_dataset", "run_demo",
-           "toy_reward"]
+__all__ = ["StaleRolloutWorker", "VarlenAttention", "async_trainer_on_cpu", "build_model", "build_tokenizer",
+           "build_toy_model", "evaluate_accuracy", "make_dataset", "run_demo", "toy_reward"]
 
 
 def __getattr__(name):
-    # The demo pulls in the trainer (TRL); import it lazily so that `trl_rpg.toy` stays light.
+    # The demo pulls in the trainer (TRL); import it lazily so that `trl_rpg.toy` stays light. So the stand-ins.
     if name == "run_demo":
         from .demo import run_demo
 
         return run_demo
+    if name in ("StaleRolloutWorker", "VarlenAttention"):
+        from . import async_rollouts
+
+        return getattr(async_rollouts, name)
+    if name == "async_trainer_on_cpu":
+        from .._compat import async_trainer_on_cpu
+
+        return async_trainer_on_cpu
     raise AttributeError(f"module 'trl_rpg.toy' has no attribute {name!r}")
