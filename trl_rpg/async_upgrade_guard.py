@@ -61,11 +61,12 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
 
     if config_class is None:
         from trl.experimental.async_grpo import AsyncGRPOConfig as config_class
-    methods = changed_methods(owners or _async_owners(), ASYNC_REVIEWED_METHODS)
+    owners = owners or _async_owners()
+    methods = changed_methods(owners, ASYNC_REVIEWED_METHODS)
     fields = [f.name for f in dataclasses.fields(config_class) if f.name not in ASYNC_FIELDS]
     if not (methods or fields):
         return []
-    message = describe(methods, fields, {name: version(name) for name in REVIEWED_VERSIONS}).replace(
+    message = describe(methods, fields, {name: version(name) for name in REVIEWED_VERSIONS}, owners=owners).replace(
         "RPGTrainer was reviewed", "AsyncRPGTrainer was reviewed").replace(
         "GRPOConfig fields are not classified", "AsyncGRPOConfig fields are not classified (trl_rpg.async_config."
         "ASYNC_FIELDS)").replace("REVIEWED_METHODS", "ASYNC_REVIEWED_METHODS")
