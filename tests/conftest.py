@@ -57,6 +57,7 @@ MULTI_PROCESS_TESTS = {
 #: the whole file), as MULTI_PROCESS_TESTS (whose tests stay out: `-m "smoke and not distributed"`).
 SMOKE_TESTS = {
     "test_drop_in.py": "*", "test_compat.py": "*", "test_environment.py": "*", "test_cli_launcher.py": "*",
+    "test_version_shims.py": "*",
     "test_trainer_loss.py": {"test_rpg_metrics_are_logged", "test_loss_type_keeps_its_aggregation_meaning"},
     "test_cli_runs.py": {"test_every_way_a_cli_run_ends_goes_through_trainer_end",
                          "test_an_error_raised_in_training_is_the_last_line_printed_with_the_reward_functions_line"},

@@ -336,6 +336,21 @@ def checkpointing_at_trl_default(args) -> None:
         args.activation_checkpointing, args.gradient_checkpointing = default, None
 
 
+#: transformers >= 5.24's deprecation of the model methods TRL 1.16 itself calls (its gradient-checkpointing setup and
+#: `trl.models.utils.disable_gradient_checkpointing`): a `FutureWarning` per call, nothing a user can change
+#: (`trl_rpg/cli/entry.py` filters the same, without importing this module).
+TRL_INTERNAL_DEPRECATIONS = (r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
+                             r"gradient_checkpointing_disable)`")
+
+
+def quiet_trl_internal_deprecations() -> None:
+    """Hide `TRL_INTERNAL_DEPRECATIONS` (the warnings filter, as `trl-rpg train` does): called when a trainer is
+    built."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=TRL_INTERNAL_DEPRECATIONS, category=FutureWarning)
+
+
 def _adapter_folders(checkpoint: str) -> tuple[bool, list[str]]:
     """Whether `checkpoint` holds an adapter at its root, and its subfolders that hold one (as transformers reads
     them on resume)."""
@@ -379,12 +394,14 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 
 __all__ = [
-    "ACTIVATION_CHECKPOINTING", "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS",
-    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
+    "ACTIVATION_CHECKPOINTING", "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES",
+    "GENERATION_BATCH_FIELDS",
+    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "TRL_INTERNAL_DEPRECATIONS",
+    "deepspeed_checkpoint_types",
     "PREFIX_CHECKPOINT_DIR", "TRAINER_HAS_END", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return",
     "checkpointing_at_trl_default", "recording", "disable_gradient_checkpointing", "is_async_callable",
     "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "no_activation_checkpointing",
-    "resume_policy_adapter",
+    "quiet_trl_internal_deprecations", "resume_policy_adapter",
     "returning_through", "set_collective_timeout", "trainer_end", "trainer_hub_api", "trl_sees_beta",
     "trl_skips_old_logps", "use_adapter",
 ]

@@ -73,6 +73,7 @@ class RPGTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
         upgrade_guard.check(args)  # first: a TRL whose code RPG relies on changed must not train silently wrong
+        _compat.quiet_trl_internal_deprecations()
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
         if kwargs.get("environment_factory") is None:  # before any model is loaded
