@@ -15,9 +15,9 @@ the rewards, the evaluation and `--help` keep working on any version), does noth
 code the upgrade self-check decides (`upgrade_check`, run once per installed version in a fresh process and cached
 by `upgrade_verdict`): passed, RPG trains, the run that ran the check warning once naming the package whose code
 changed, each method by its owner and what was checked, and a new `GRPOConfig` field is accepted at its default only;
-failed, `UnreviewedUpgrade` names the property. A reviewed method replaced in this process (a monkeypatch), which a fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1`
-turns each refusal into a warning, for someone who reviewed the difference and must train before a trl-rpg release
-records it. Another trainer registers its own `Review` (`register_review`) and properties
+failed, `UnreviewedUpgrade` names the property. A reviewed method replaced in this process (a monkeypatch), which a
+fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1` turns each refusal into a warning, for someone who
+reviewed the difference and must train before a trl-rpg release records it. Another trainer registers its own `Review` (`register_review`) and properties
 (`upgrade_check.register_properties`).
 """
 
