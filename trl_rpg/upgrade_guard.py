@@ -17,8 +17,8 @@ by `upgrade_verdict`): passed, RPG trains, the run that ran the check warning on
 changed, each method by its owner and what was checked, and a new `GRPOConfig` field is accepted at its default only;
 failed, `UnreviewedUpgrade` names the property. A reviewed method replaced in this process (a monkeypatch), which a
 fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1` turns each refusal into a warning, for someone who
-reviewed the difference and must train before a trl-rpg release records it. Another trainer registers its own `Review` (`register_review`) and properties
-(`upgrade_check.register_properties`).
+reviewed the difference and must train before a trl-rpg release records it. Another trainer registers its own
+`Review` (`register_review`) and properties (`upgrade_check.register_properties`).
 """
 
 from __future__ import annotations
