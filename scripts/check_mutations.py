@@ -1963,6 +1963,22 @@ MUTATIONS = [
              '"AsyncRPG": {"beta": ASYNC_DEMO_BETA,',
              '"AsyncRPG": {"beta": 0.0,',
              "tests/test_async_demo.py -k staleness_asked"),
+    Mutation("compat: the toy's settings turn checkpointing off under the deprecated name", "trl_rpg/toy/build.py",
+             "    **no_activation_checkpointing(),\n",
+             '    "gradient_checkpointing": False,\n',
+             "tests/test_version_shims.py -k own_configs"),
+    Mutation("compat: GRPOConfig's default gradient_checkpointing left under the deprecated name", "trl_rpg/config.py",
+             "        _compat.checkpointing_at_trl_default(self)",
+             "        pass",
+             "tests/test_version_shims.py -k own_configs"),
+    Mutation("compat: the policy adapter is loaded on resume without adapter subfolders", "trl_rpg/_compat.py",
+             "    if not (at_root and subfolders):",
+             "    if not at_root:",
+             "tests/test_version_shims.py -k policy_adapter"),
+    Mutation("upgrade: the passed self-check warns on every run, not once per version", "trl_rpg/upgrade_guard.py",
+             "        if verdict.fresh or not verdict.cached:",
+             "        if True:",
+             "tests/test_upgrade_check.py -k passed_check"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

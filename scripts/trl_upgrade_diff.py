@@ -84,9 +84,14 @@ def dump_from(site: str) -> dict:
 
 def compare(reviewed: dict, new: dict) -> str:
     """The report: per review, the changed methods with diffs and new digests, then the config fields."""
+    from trl_rpg.upgrade_guard import REVIEWED_VERSIONS
+
     old_v, new_v = reviewed["versions"], new["versions"]
-    out = [f"reviewed: trl {old_v['trl']}, transformers {old_v['transformers']}; new: trl {new_v['trl']}, "
-           f"transformers {new_v['transformers']}"]
+    pinned = ", ".join(f"{name} {v}" for name, v in REVIEWED_VERSIONS.items())
+    installed = ", ".join(f"{name} {old_v[name]}" for name in REVIEWED_VERSIONS)
+    side = ("reviewed" if installed == pinned else f"installed (NOT the reviewed {pinned}: the diffs are against it; "
+            "install with -c constraints.txt for the reviewed side)")
+    out = [f"{side}: {installed}; new: trl {new_v['trl']}, transformers {new_v['transformers']}"]
     for name, new_review in new["reviews"].items():
         old_review = reviewed["reviews"].get(name, {"methods": {}, "fields": {}})
         changed = [q for q, m in new_review["methods"].items() if m["digest"] != m["reviewed"]]

@@ -19,12 +19,12 @@ from trl_rpg.toy import build_model, build_tokenizer
 
 
 class _Count(logging.Handler):
-    """Counts the verdict module's "checking the installed TRL" line: once per self-check run."""
+    """Counts the verdict module's "checking the installed trl ..." line: once per self-check run."""
 
     runs = 0
 
     def emit(self, record):
-        _Count.runs += "checking the installed TRL" in record.getMessage()
+        _Count.runs += "with the upgrade self-check" in record.getMessage()
 
 
 def build(output_dir, **overrides):

@@ -52,12 +52,36 @@ MULTI_PROCESS_TESTS = {
 }
 
 
+#: The smoke subset (marked `smoke` at collection): what CI runs on the oldest and the newest versions pyproject.toml
+#: admits (.ci/run) beside the full suite on the reviewed ones: the trainer, the drop-in, the CLI, checkpoints and
+#: resume, the asynchronous trainer, the environment and the upgrade guard's verdict; by file and test function ("*":
+#: the whole file), as MULTI_PROCESS_TESTS (whose tests stay out: `-m "smoke and not distributed"`).
+SMOKE_TESTS = {
+    "test_drop_in.py": "*", "test_compat.py": "*", "test_environment.py": "*", "test_cli_launcher.py": "*",
+    "test_version_shims.py": "*",
+    "test_trainer_loss.py": {"test_rpg_metrics_are_logged", "test_loss_type_keeps_its_aggregation_meaning"},
+    "test_cli_runs.py": {"test_every_way_a_cli_run_ends_goes_through_trainer_end",
+                         "test_an_error_raised_in_training_is_the_last_line_printed_with_the_reward_functions_line"},
+    "test_checkpoints.py": {"test_manifest_lists_what_the_checkpoint_holds",
+                            "test_a_missing_file_is_refused_naming_it",
+                            "test_resume_true_falls_back_to_the_previous_complete_checkpoint"},
+    "test_resume.py": {"test_lora_run_resumes_with_its_reference_adapter"},
+    "test_async_trainer.py": {"test_beta_zero_trains_to_async_grpo_parameters", "test_model_card",
+                              "test_the_upgrade_guard_covers_the_async_trainer"},
+    "test_upgrade_check.py": {"test_a_passed_check_names_the_package_and_the_class_whose_code_changed_once_per_"
+                              "installed_version", "test_a_method_gone_or_a_name_trl_takes_is_its_owners_package"},
+}
+
+
+def _listed_in(tests: dict, nodeid: str) -> bool:
+    path, _, rest = nodeid.partition("::")
+    listed = tests.get(os.path.basename(path))
+    return listed == "*" or bool(listed and rest.split("[", 1)[0].split("::")[-1] in listed)
+
+
 def xdist_scope(nodeid: str) -> str:
     """The scope of a test under `--dist loadfile`: "multi-process" for the tests above, else its file."""
-    path, _, rest = nodeid.partition("::")
-    listed = MULTI_PROCESS_TESTS.get(os.path.basename(path))
-    name = rest.split("[", 1)[0].split("::")[-1]
-    return "multi-process" if listed == "*" or (listed and name in listed) else path
+    return "multi-process" if _listed_in(MULTI_PROCESS_TESTS, nodeid) else nodeid.partition("::")[0]
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own choice; a hook of xdist only
@@ -88,8 +112,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every `distributed` test is listed in MULTI_PROCESS_TESTS (else two of them could run at once under xdist)."""
+    """Every `distributed` test is listed in MULTI_PROCESS_TESTS (else two of them could run at once under xdist);
+    the tests of SMOKE_TESTS are marked `smoke`."""
     for item in items:
+        if _listed_in(SMOKE_TESTS, item.nodeid):
+            item.add_marker(pytest.mark.smoke)
         if item.get_closest_marker("distributed") and xdist_scope(item.nodeid) != "multi-process":
             raise pytest.UsageError(f"{item.nodeid} is marked distributed but not listed in MULTI_PROCESS_TESTS "
                                     "(tests/conftest.py)")

@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import warnings
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,8 @@ def _patched_context(patch) -> CheckContext:
 
 
 def _environment(site: Path, tmp_path: Path) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
+    environ = {k: v for k, v in os.environ.items() if k != "TRL_RPG_CACHE"}  # the cache under tmp_path
+    return {**environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]),
             "XDG_CACHE_HOME": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 
@@ -71,8 +74,12 @@ def test_a_newer_trl_that_keeps_the_behaviour_trains_with_one_warning_and_its_ne
     assert report["trl_file"].startswith(str(site))  # the changed copy, not the installed TRL
     assert report["global_step"] == 1  # trained
     [warning] = report["warnings"]  # one warning for two trainers
-    assert "trl 1.17.0 is not the reviewed version (trl 1.16.0, transformers 5.24.0)" in warning
-    assert "changed methods GRPOTrainer._compute_loss" in warning
+    transformers = version("transformers")  # named too where it is not the reviewed one (CI's smoke subsets)
+    reviewed = transformers == upgrade_guard.REVIEWED_VERSIONS["transformers"]
+    also = "" if reviewed else f" and transformers {transformers}"
+    assert (f"the code RPG relies on in trl 1.17.0{also} differs from the reviewed versions (trl 1.16.0, transformers "
+            "5.24.0)") in warning
+    assert "changed methods trl's GRPOTrainer._compute_loss" in warning
     assert "new GRPOConfig fields kl_log_ratio_clip (accepted at their defaults only)" in warning
     for prop in PROPERTIES["RPGTrainer"]:
         assert prop.why in warning
@@ -112,8 +119,15 @@ def test_the_maintainer_script_lists_the_changed_method_with_its_diff_and_the_ne
     spec.loader.exec_module(script)
     assert script.main([str(newer_trl)]) == 0
     report = capsys.readouterr().out
-    assert "reviewed: trl 1.16.0, transformers 5.24.0; new: trl 1.17.0, transformers 5.24.0" in report
-    assert f"## RPGTrainer: 1 of {len(upgrade_guard.REVIEWED_METHODS)} reviewed methods changed" in report
+    transformers = version("transformers")
+    if transformers == upgrade_guard.REVIEWED_VERSIONS["transformers"]:
+        assert report.startswith("reviewed: trl 1.16.0, transformers 5.24.0; new: trl 1.17.0, transformers 5.24.0")
+    else:  # another admitted transformers: the header says the installed side is not the reviewed one
+        assert report.startswith(f"installed (NOT the reviewed trl 1.16.0, transformers 5.24.0: the diffs are "
+                                 f"against it; install with -c constraints.txt for the reviewed side): trl 1.16.0, "
+                                 f"transformers {transformers}; new: trl 1.17.0, transformers {transformers}")
+    changed = 1 + len(upgrade_guard.changed_methods())  # _compute_loss, and what another transformers changed
+    assert f"## RPGTrainer: {changed} of {len(upgrade_guard.REVIEWED_METHODS)} reviewed methods changed" in report
     digest = upgrade_guard.REVIEWED_METHODS[1].digest  # GRPOTrainer._compute_loss
     assert f"### GRPOTrainer._compute_loss: digest {digest} -> " in report
     assert "-    coef_1 = torch.exp(log_importance_weights)\n+    coef_1 = log_importance_weights.exp()  # reworded" \
@@ -186,7 +200,46 @@ def test_a_failed_verdict_refuses_naming_the_property(monkeypatch):
                                                               r"failed: grpo_kl_term: the KL changed\. RPG could"):
         upgrade_guard.check()
     assert upgrade_guard.status() == ("self-check FAILED, RPGTrainer refuses to train: grpo_kl_term: the KL changed "
-                                      "(GRPOTrainer._compute_loss)")
+                                      "(trl's GRPOTrainer._compute_loss)")
+
+
+def test_a_passed_check_names_the_package_and_the_class_whose_code_changed_once_per_installed_version(monkeypatch):
+    """transformers 5.25 changed `Trainer._prepare_for_training`, which GRPOTrainer inherits: the warning names
+    transformers and its `Trainer`, not TRL, and only the run that ran the check warns (later runs read the cache)."""
+    monkeypatch.setattr(upgrade_guard, "_SAID", set())
+    monkeypatch.setattr(upgrade_guard, "changed_methods",
+                        lambda owners, methods: ["GRPOTrainer._prepare_for_training", "GRPOTrainer._compute_loss"])
+    monkeypatch.setattr(upgrade_guard, "unclassified_fields", lambda config, fields: [])
+    passed = upgrade_verdict.Verdict(True, [{"name": "reduction", "passed": True, "detail": None}],
+                                     cached="/cache/key.json", fresh=True)
+    monkeypatch.setattr(upgrade_verdict, "verdict", lambda review, digests, fields: passed)
+    with pytest.warns(UserWarning) as caught:
+        upgrade_guard.check()
+    [warning] = [str(w.message) for w in caught]
+    assert warning.startswith(f"trl-rpg: the code RPG relies on in transformers {version('transformers')} and trl "
+                              "1.16.0 differs from "
+                              "the reviewed versions (trl 1.16.0, transformers 5.24.0): changed methods "
+                              "transformers' Trainer._prepare_for_training (GRPOTrainer inherits it), trl's "
+                              "GRPOTrainer._compute_loss. The upgrade self-check passed on it (")
+    assert warning.endswith("Said once per installed version (verdict cached in /cache/key.json); `trl-rpg env` "
+                            "shows it again.")
+    assert upgrade_guard.status() == ("self-check passed (transformers' Trainer._prepare_for_training (GRPOTrainer "
+                                      "inherits it), trl's GRPOTrainer._compute_loss; /cache/key.json)")
+    monkeypatch.setattr(upgrade_guard, "_SAID", set())  # another process: the verdict read from the cache
+    passed.fresh = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert upgrade_guard.check() == ["GRPOTrainer._prepare_for_training", "GRPOTrainer._compute_loss"]
+
+
+def test_a_method_gone_or_a_name_trl_takes_is_its_owners_package():
+    assert upgrade_guard.attributed([f"GRPOTrainer._compute_loss{upgrade_guard.GONE}",
+                                     "GRPOTrainer._rpg_x (also the name of RPGTrainer's own _rpg_x)",
+                                     "GRPOConfig.__post_init__", "Trainer._save_checkpoint"]) == (
+        ["trl", "transformers"],
+        ["trl's GRPOTrainer._compute_loss (no longer exists)",
+         "trl's GRPOTrainer._rpg_x (also the name of RPGTrainer's own _rpg_x)", "trl's GRPOConfig.__post_init__",
+         "transformers' Trainer._save_checkpoint"])
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -25,15 +25,23 @@ class _GRPOConfigWithANewField(GRPOConfig):
     new_loss_knob: float = dataclasses.field(default=0.0, metadata={"help": "a field a new TRL could add"})
 
 
-def test_the_installed_trl_and_transformers_are_the_reviewed_code():
-    assert upgrade_guard.changed_methods() == [] and upgrade_guard.unclassified_fields() == []
-    assert upgrade_guard.check() == []
+def test_the_installed_code_differs_from_the_reviewed_only_in_a_package_whose_version_differs():
+    """On the reviewed versions (CI's full suite: constraints.txt) nothing differs and `check()` has nothing to do; on
+    another admitted version (CI's smoke subsets), only the code of a package whose version moved differs."""
+    from importlib.metadata import version
+
+    moved = {name for name, reviewed in upgrade_guard.REVIEWED_VERSIONS.items() if version(name) != reviewed}
+    packages, _ = upgrade_guard.attributed(upgrade_guard.changed_methods())
+    assert set(packages) <= moved, packages
+    if not moved:
+        assert upgrade_guard.changed_methods() == [] and upgrade_guard.unclassified_fields() == []
+        assert upgrade_guard.check() == []
 
 
 def test_a_changed_compute_loss_refuses_to_build_a_trainer_naming_it_and_how_to_proceed(monkeypatch, tmp_path):
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", _changed_compute_loss)
     monkeypatch.delenv(upgrade_guard.ALLOW_ENV, raising=False)
-    assert upgrade_guard.changed_methods() == ["GRPOTrainer._compute_loss"]
+    assert "GRPOTrainer._compute_loss" in upgrade_guard.changed_methods()
     args = RPGConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
     with pytest.raises(UnreviewedUpgrade) as error:  # before the (missing) model is looked at
         RPGTrainer(model=str(tmp_path / "no-such-model"), reward_funcs=len, args=args)
@@ -56,7 +64,7 @@ def test_the_environment_variable_turns_the_error_into_a_warning(monkeypatch):
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", _changed_compute_loss)
     monkeypatch.setenv(upgrade_guard.ALLOW_ENV, "1")
     with pytest.warns(UserWarning, match=r"GRPOTrainer._compute_loss.*TRL_RPG_ALLOW_UNREVIEWED is set"):
-        assert upgrade_guard.check() == ["GRPOTrainer._compute_loss"]
+        assert "GRPOTrainer._compute_loss" in upgrade_guard.check()
     monkeypatch.setenv(upgrade_guard.ALLOW_ENV, "0")
     with pytest.raises(UnreviewedUpgrade):
         upgrade_guard.check()

@@ -285,6 +285,113 @@ def trl_skips_old_logps(trainer) -> Iterator[None]:
         args.gradient_accumulation_steps, trainer.vllm_importance_sampling_correction = saved
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# transformers versions older than the reviewed one (pyproject.toml admits transformers >= 5.10.4, what vllm 0.31
+# accepts; CI's smoke subset runs on it: constraints-oldest.txt)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _transformers_at_least(release: str) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__).release >= Version(release).release
+
+
+def trainer_end(trainer) -> None:
+    """What `Trainer.end()` does (transformers >= 5.18, which TRL's `grpo.py` calls on those versions only): finish
+    the trackers and destroy the process group. `RPGTrainer.end` on an older transformers."""
+    trainer.accelerator.end_training()
+
+
+#: transformers >= 5.18 has `Trainer.end()`; before, `RPGTrainer` defines it (`trainer_end`).
+TRAINER_HAS_END = _transformers_at_least("5.18")
+
+
+def _checkpointing_field() -> str:
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+#: The name transformers reads for activation (gradient) checkpointing: `activation_checkpointing` from 5.24 on, where
+#: `gradient_checkpointing` is its deprecated alias (a `FutureWarning` whenever it is set), `gradient_checkpointing`
+#: before. trl-rpg's own configs set this one (`no_activation_checkpointing`).
+ACTIVATION_CHECKPOINTING = _checkpointing_field()
+
+
+def no_activation_checkpointing() -> dict[str, bool]:
+    """The config keyword that turns activation checkpointing off on the installed transformers, without a
+    deprecation warning (`{"activation_checkpointing": False}` from 5.24, `{"gradient_checkpointing": False}`
+    before)."""
+    return {ACTIVATION_CHECKPOINTING: False}
+
+
+def checkpointing_at_trl_default(args) -> None:
+    """GRPOConfig's own default `gradient_checkpointing=True` (TRL's, not the user's) moved to the current name before
+    `TrainingArguments.__post_init__` reads it, so that transformers >= 5.24 does not warn on every config that the
+    deprecated alias was set; a value the user set keeps transformers' warning."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    if ACTIVATION_CHECKPOINTING == "gradient_checkpointing" or args.activation_checkpointing is not None:
+        return
+    [default] = [f.default for f in dataclasses.fields(GRPOConfig) if f.name == "gradient_checkpointing"]
+    if args.gradient_checkpointing is default:
+        args.activation_checkpointing, args.gradient_checkpointing = default, None
+
+
+#: transformers >= 5.24's deprecation of the model methods TRL 1.16 itself calls (its gradient-checkpointing setup and
+#: `trl.models.utils.disable_gradient_checkpointing`): a `FutureWarning` per call, nothing a user can change
+#: (`trl_rpg/cli/entry.py` filters the same, without importing this module).
+TRL_INTERNAL_DEPRECATIONS = (r"`(is_gradient_checkpointing|gradient_checkpointing_enable|"
+                             r"gradient_checkpointing_disable)`")
+
+
+def quiet_trl_internal_deprecations() -> None:
+    """Hide `TRL_INTERNAL_DEPRECATIONS` (the warnings filter, as `trl-rpg train` does): called when a trainer is
+    built."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=TRL_INTERNAL_DEPRECATIONS, category=FutureWarning)
+
+
+def _adapter_folders(checkpoint: str) -> tuple[bool, list[str]]:
+    """Whether `checkpoint` holds an adapter at its root, and its subfolders that hold one (as transformers reads
+    them on resume)."""
+    import os
+
+    names = ("adapter_model.safetensors", "adapter_model.bin")
+
+    def holds(folder: str) -> bool:
+        return any(os.path.isfile(os.path.join(folder, name)) for name in names)
+
+    subfolders = [name for name in sorted(os.listdir(checkpoint))
+                  if os.path.isdir(os.path.join(checkpoint, name)) and holds(os.path.join(checkpoint, name))]
+    return holds(checkpoint), subfolders
+
+
+def resume_policy_adapter(model, checkpoint: str) -> bool:
+    """Load the policy's adapter ("default") from `checkpoint` where transformers < 5.23 skipped it: its
+    `Trainer._load_from_checkpoint` loads only the adapter subfolders (RPG's reference adapter) when there are some,
+    and the resumed run would train on from the *initial* adapter without a word. transformers 5.23 loads it as
+    here (`model.load_adapter(checkpoint, "default", ...)`, then the active adapter set again); PEFT copies the
+    weights into the existing parameters, so the optimizer's references stay valid. True when it loaded."""
+    if _transformers_at_least("5.23") or not (hasattr(model, "load_adapter") and hasattr(model, "active_adapters")):
+        return False
+    at_root, subfolders = _adapter_folders(checkpoint)
+    if not (at_root and subfolders):
+        return False
+    active = model.active_adapters[0]
+    model.load_adapter(checkpoint, "default", is_trainable=(active == "default"))
+    model.set_adapter(active)
+    return True
+
+
 def missing_internals(trainer_class, trainer=None) -> list[str]:
     """Names listed above that the installed TRL/transformers lack (instance attributes only if `trainer` given)."""
     missing = [f"{trainer_class.__name__}.{name}" for name in (*OVERRIDDEN, *CALLED) if not hasattr(trainer_class,
@@ -296,10 +403,14 @@ def missing_internals(trainer_class, trainer=None) -> list[str]:
 
 
 __all__ = [
-    "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES", "GENERATION_BATCH_FIELDS",
-    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "deepspeed_checkpoint_types",
-    "PREFIX_CHECKPOINT_DIR", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return", "recording",
-    "disable_gradient_checkpointing", "is_async_callable",
-    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "returning_through",
-    "set_collective_timeout", "trainer_hub_api", "trl_sees_beta", "trl_skips_old_logps", "use_adapter",
+    "ACTIVATION_CHECKPOINTING", "CALLED", "COLLECTIVE_TIMEOUT_MARGIN", "DEEPSPEED_CHECKPOINT_TYPES",
+    "GENERATION_BATCH_FIELDS",
+    "INSTANCE_ATTRIBUTES", "MULTIMODAL_KEYS", "OVERRIDDEN", "TRL_INTERNAL_DEPRECATIONS",
+    "deepspeed_checkpoint_types",
+    "PREFIX_CHECKPOINT_DIR", "TRAINER_HAS_END", "around_trl_reference_pass", "async_trainer_on_cpu", "capture_return",
+    "checkpointing_at_trl_default", "recording", "disable_gradient_checkpointing", "is_async_callable",
+    "get_comet_experiment_url", "get_trackio_space_url", "missing_internals", "no_activation_checkpointing",
+    "quiet_trl_internal_deprecations", "resume_policy_adapter",
+    "returning_through", "set_collective_timeout", "trainer_end", "trainer_hub_api", "trl_sees_beta",
+    "trl_skips_old_logps", "use_adapter",
 ]

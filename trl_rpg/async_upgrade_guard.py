@@ -150,9 +150,12 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
     if not (replaced or gone or fields):
         verdict = upgrade_verdict.verdict(REVIEW, method_digests(REVIEW, owners), fields)
         if verdict.passed:
-            _warn_once(async_text(describe_passed(methods, fields, versions, verdict, REVIEWED_VERSIONS)))
+            if verdict.fresh or not verdict.cached:  # the run that ran the check (or one that could not cache it)
+                _warn_once(async_text(describe_passed(methods, fields, versions, verdict, REVIEWED_VERSIONS,
+                                                      owners=owners)))
             return methods
-    message = async_text(describe(methods, fields, versions, verdict, replaced, REVIEWED_VERSIONS))
+    message = async_text(describe(methods, fields, versions, verdict, replaced, REVIEWED_VERSIONS,
+                                    owners=owners))
     if not _allowed():  # "1", "true" or "yes" only: "0" is not permission
         raise UnreviewedUpgrade(message)
     warnings.warn(f"{message} ({ALLOW_ENV} is set: training anyway.)", UserWarning, stacklevel=3)

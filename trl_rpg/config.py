@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from trl import GRPOConfig
 
-from . import hub_uploads
+from . import _compat, hub_uploads
 from .describe import ignored_fields_warning, inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
 from .objective_config import (  # noqa: F401  (MIN_CLIP_WIDTH, PAPER_CLIP_WIDTHS: importable from here as before)
     MIN_CLIP_WIDTH,
@@ -255,6 +255,7 @@ class RPGConfig(GRPOConfig):
         ):
             self.steps_per_generation = self.rpg_generation_reuse * self.gradient_accumulation_steps
         _check_generation_batch(self)  # before TRL's own check, whose message names a number the user never set
+        _compat.checkpointing_at_trl_default(self)  # TRL's default under transformers' current name: no warning
         super().__post_init__()
         if kl_term_is_inert(self):
             warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)

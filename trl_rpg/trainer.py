@@ -80,9 +80,12 @@ class RPGTrainer(GRPOTrainer):
     _tag_names: ClassVar[list[str]] = ["trl", "rpg"]
     _name = "RPG"
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
+    if not _compat.TRAINER_HAS_END:  # transformers < 5.18: `trainer.end()` as on later versions
+        end = _compat.trainer_end
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
         upgrade_guard.check(args)  # first: a TRL whose code RPG relies on changed must not train silently wrong
+        _compat.quiet_trl_internal_deprecations()
         args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
         if kwargs.get("environment_factory") is None:  # before any model is loaded
@@ -371,6 +374,7 @@ class RPGTrainer(GRPOTrainer):
         # checkpoint was verified in `train`).
         super()._load_optimizer_and_scheduler(resume_from)
         if resume_from is not None:
+            _compat.resume_policy_adapter(self.accelerator.unwrap_model(self.model), resume_from)
             self.skipped_steps, self._step, self._buffered_inputs = checkpointing.restore(
                 resume_from, self.args, self.accelerator, self.reference, self._rpg_pad_token_id)
 

@@ -13,12 +13,12 @@ stale copy of `_compute_loss` does). `_compat` catches renamed internals; this m
 The digest is the first signal. `check()`, run when an `RPGTrainer` is built (not at import: the objective library,
 the rewards, the evaluation and `--help` keep working on any version), does nothing on the reviewed code. On other
 code the upgrade self-check decides (`upgrade_check`, run once per installed version in a fresh process and cached
-by `upgrade_verdict`): passed, RPG trains with one warning naming the version and what was checked, and a new
-`GRPOConfig` field is accepted at its default only; failed, `UnreviewedUpgrade` names the property. A reviewed method
-replaced in this process (a monkeypatch), which a fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1`
-turns each refusal into a warning, for someone who reviewed the difference and must train before a trl-rpg release
-records it. Another trainer registers its own `Review` (`register_review`) and properties
-(`upgrade_check.register_properties`).
+by `upgrade_verdict`): passed, RPG trains, the run that ran the check warning once naming the package whose code
+changed, each method by its owner and what was checked, and a new `GRPOConfig` field is accepted at its default only;
+failed, `UnreviewedUpgrade` names the property. A reviewed method replaced in this process (a monkeypatch), which a
+fresh process cannot see, is refused. `TRL_RPG_ALLOW_UNREVIEWED=1` turns each refusal into a warning, for someone who
+reviewed the difference and must train before a trl-rpg release records it. Another trainer registers its own
+`Review` (`register_review`) and properties (`upgrade_check.register_properties`).
 """
 
 from __future__ import annotations
@@ -302,15 +302,49 @@ def _listed(items) -> str:
     return ", ".join(items)
 
 
+def defined_in(qualname: str, owners: dict | None = None) -> tuple[str, str]:
+    """`(package, "Class.name")` of the code a reviewed method's lookup finds: `GRPOTrainer._prepare_for_training`
+    is transformers' `Trainer._prepare_for_training` (GRPOTrainer inherits it). A method that is gone, or a name TRL
+    takes, is its owner's (the package `OWNERS` imports it from)."""
+    owners = owners or _owners()
+    owner_name, _, rest = qualname.partition(".")
+    name = rest.split(" ", 1)[0]
+    owner = owners.get(owner_name)
+    defining = next((c for c in getattr(owner, "__mro__", ()) if name in vars(c)), None)
+    if defining is None or rest != name:  # gone, or "name (also the name of ...)"
+        return OWNERS.get(owner_name, owner_name).split(".")[0].split(":")[0], f"{owner_name}.{name}"
+    return defining.__module__.split(".")[0], f"{defining.__qualname__}.{name}"
+
+
+def attributed(methods: list[str], owners: dict | None = None) -> tuple[list[str], list[str]]:
+    """`(packages, methods)`: the packages whose code changed, in order, and each changed method named by its
+    package and the class that defines it (`transformers' Trainer._prepare_for_training (GRPOTrainer inherits
+    it)`), with what `changed_methods` / `taken_names` said after its name (`(no longer exists)`, ...)."""
+    owners = owners or _owners()
+    packages, named = [], []
+    for qualname in methods:
+        package, where = defined_in(qualname, owners)
+        packages += [package] if package not in packages else []
+        owner_name, _, rest = qualname.partition(".")
+        name, _, note = rest.partition(" ")
+        inherits = f" ({owner_name} inherits it)" if where != f"{owner_name}.{name}" else ""
+        possessive = f"{package}'" if package.endswith("s") else f"{package}'s"
+        named.append(f"{possessive} {where}{inherits}{' ' + note if note else ''}")
+    return packages, named
+
+
 def describe(methods: list[str], fields: list[str], versions: dict[str, str], verdict=None,
-             replaced: list[str] | None = None, reviewed_versions: dict[str, str] = REVIEWED_VERSIONS) -> str:
-    """The error text: what changed, why RPG does not train on it, how to proceed."""
+             replaced: list[str] | None = None, reviewed_versions: dict[str, str] = REVIEWED_VERSIONS,
+             owners: dict | None = None) -> str:
+    """The error text: what changed (each method by its package and class, looked up in `owners`), why RPG does not
+    train on it, how to proceed."""
     installed = _listed(f"{name} {version}" for name, version in versions.items())
     reviewed = _listed(f"{name} {version}" for name, version in reviewed_versions.items())
     parts = []
     if methods:
-        parts.append(f"these methods RPG overrides or relies on differ from the reviewed code: {_listed(methods)} "
-                     "(why each matters: trl_rpg.upgrade_guard.REVIEWED_METHODS)")
+        parts.append(f"these methods RPG overrides or relies on differ from the reviewed code: "
+                     f"{_listed(attributed(methods, owners)[1])} (why each matters: "
+                     "trl_rpg.upgrade_guard.REVIEWED_METHODS)")
     if fields:
         parts.append(f"these GRPOConfig fields are not classified by RPG: {_listed(fields)} (each must be accepted,"
                      " changed, refused or ignored with a reason: trl_rpg.upgrade_guard.GRPO_FIELDS, the table of the"
@@ -334,18 +368,27 @@ def describe(methods: list[str], fields: list[str], versions: dict[str, str], ve
 
 
 def describe_passed(methods: list[str], fields: list[str], versions: dict[str, str], verdict,
-                    reviewed_versions: dict[str, str] = REVIEWED_VERSIONS) -> str:
-    """The one warning of a run on an unreviewed TRL that passed the self-check: the version, what was checked."""
+                    reviewed_versions: dict[str, str] = REVIEWED_VERSIONS, owners: dict | None = None) -> str:
+    """The one warning of the run that checked an unreviewed TRL or transformers and saw the self-check pass: the
+    package whose code changed with its version, each changed method by its owner, what was checked."""
     from .upgrade_check import PROPERTIES
 
     whys = {p.name: p.why for review in PROPERTIES.values() for p in review}
     checked = "; ".join(whys.get(r["name"], r["name"]) for r in verdict.results)
-    changes = [f"changed methods {_listed(methods)}"] if methods else []
+    packages, named = attributed(methods, owners)
+    config = _owners().get("GRPOConfig")
+    for name in fields:  # a field is its defining class's: TrainingArguments' are transformers'
+        package = next((c.__module__.split(".")[0] for c in getattr(config, "__mro__", ())
+                        if name in vars(c).get("__annotations__", {})), "trl")
+        packages += [package] if package not in packages else []
+    changes = [f"changed methods {_listed(named)}"] if methods else []
     changes += [f"new GRPOConfig fields {_listed(fields)} (accepted at their defaults only)"] if fields else []
-    return (f"trl-rpg: trl {versions.get('trl')} is not the reviewed version "
-            f"({_listed(f'{n} {v}' for n, v in reviewed_versions.items())}): {'; '.join(changes)}. The upgrade "
-            f"self-check passed on it ({checked}), so RPG trains on it"
-            f"{f' (verdict cached in {verdict.cached})' if verdict.cached else ''}.")
+    where = " and ".join(f"{package} {versions.get(package, '')}".strip() for package in packages)
+    return (f"trl-rpg: the code RPG relies on in {where} differs from the reviewed "
+            f"versions ({_listed(f'{n} {v}' for n, v in reviewed_versions.items())}): {'; '.join(changes)}. The "
+            f"upgrade self-check passed on it ({checked}), so RPG trains on it. Said once per installed version"
+            f"{f' (verdict cached in {verdict.cached})' if verdict.cached else ' (the verdict could not be cached)'}"
+            "; `trl-rpg env` shows it again.")
 
 
 def _allowed() -> bool:
@@ -391,7 +434,8 @@ def check(args=None, review: str = "RPGTrainer") -> list[str]:
     gone = [name for name in methods if name.endswith(GONE)]  # an override TRL no longer calls: no check can pass
     verdict = None if replaced or gone else upgrade_verdict.verdict(review, method_digests(review, owners), fields)
     if verdict is not None and verdict.passed:
-        _warn_once(describe_passed(methods, fields, versions, verdict, spec.versions))
+        if verdict.fresh or not verdict.cached:  # the run that ran the check (or one that could not cache it)
+            _warn_once(describe_passed(methods, fields, versions, verdict, spec.versions))
         values = new_field_values(args, fields, owners.get(spec.config))
         if values:
             message = (f"{_listed(values)}: GRPOConfig field(s) of trl {versions.get('trl')} that trl-rpg has not "
@@ -418,7 +462,7 @@ def status(review: str = "RPGTrainer") -> str:
     if not methods and not fields:
         return "the reviewed code (no self-check needed)"
     verdict = upgrade_verdict.verdict(review, method_digests(review, owners), fields)
-    changed = _listed(methods + [f"new field {name}" for name in fields])
+    changed = _listed(attributed(methods, owners)[1] + [f"new field {name}" for name in fields])
     if verdict.passed:
         return f"self-check passed ({changed}; {verdict.cached or 'not cached'})"
     failed = verdict.error or "; ".join(f"{r['name']}: {r['detail']}" for r in verdict.failed)
@@ -426,8 +470,7 @@ def status(review: str = "RPGTrainer") -> str:
 
 
 __all__ = ["ALLOW_ENV", "GRPO_FIELDS", "OWNERS", "REVIEWED_METHODS", "REVIEWED_VERSIONS", "REVIEWS", "VERDICTS",
-           "FieldRule", "Review", "ReviewedMethod", "UnreviewedUpgrade", "changed_methods", "check", "describe",
-           "describe_passed", "drop_in_table", "full_table", "method_digests", "new_field_values",
-           "normalised_source", "register_review", "replaced_here", "source_digest", "status", "taken_names",
-           "unclassified_fields"]
-
+           "FieldRule", "Review", "ReviewedMethod", "UnreviewedUpgrade", "attributed", "changed_methods", "check",
+           "defined_in", "describe", "describe_passed", "drop_in_table", "full_table", "method_digests",
+           "new_field_values", "normalised_source", "register_review", "replaced_here", "source_digest", "status",
+           "taken_names", "unclassified_fields"]

@@ -58,13 +58,15 @@ VERSIONED = ("trl-rpg", "trl", "transformers", "torch", "accelerate")
 class Verdict:
     """`passed`: every property held; `results`: each property's `{"name", "passed", "detail"}`; `error`: why the
     check gave no verdict (then `passed` is False and nothing is cached); `cached`: the file it was read from or
-    written to (None: not cached)."""
+    written to (None: not cached); `fresh`: the check ran for this verdict (not read from the cache)."""
 
     passed: bool
     results: list[dict] = field(default_factory=list)
     error: str | None = None
     cached: str | None = None
     seconds: float = 0.0
+    #: True for the verdict of a check run by this call (False: read from the cache)
+    fresh: bool = False
 
     @property
     def failed(self) -> list[dict]:
@@ -254,8 +256,9 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
         cached = read_cached(key, properties, digests)  # another process may have run it while this one waited
         if cached is not None:
             return cached
-        logger.warning("trl-rpg: checking the installed TRL (%s) with the upgrade self-check (seconds; once per "
-                       "installed version)...", installed_versions()["trl"])
+        versions = installed_versions()
+        logger.warning("trl-rpg: checking the installed trl %s and transformers %s with the upgrade self-check "
+                       "(about a minute; once per installed version)...", versions["trl"], versions["transformers"])
         result, seen = run_check(review, properties)
         if result.error is None and seen != digests:
             changed = sorted(name for name in digests if seen.get(name) != digests[name])
@@ -263,6 +266,7 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
                                           "import of TRL (patched at run time?): the self-check cannot see them")
         if result.error is None:
             result.cached = write_cached(key, result, digests)
+        result.fresh = True
     return result
 
 

@@ -18,6 +18,8 @@ import os
 import time
 from typing import Any
 
+from .._compat import no_activation_checkpointing
+
 __all__ = ["SMOL_DEMO_LORA", "SMOL_DEMO_MAX_STEPS", "SMOL_DEMO_RL_ARGS", "SMOL_EVAL_SAMPLES", "run_smollm2_demo",
            "smollm2_config_kwargs", "smollm2_lora"]
 
@@ -33,7 +35,7 @@ SMOL_EVAL_SAMPLES = 2
 SMOL_DEMO_RL_ARGS: dict[str, Any] = dict(
     per_device_train_batch_size=16, num_generations=8, steps_per_generation=2, gradient_accumulation_steps=1,
     temperature=1.0, learning_rate=5e-4, lr_scheduler_type="constant", max_completion_length=16,
-    gradient_checkpointing=False,  # recomputation only costs time at this size on CPU
+    **no_activation_checkpointing(),  # recomputation only costs time at this size on CPU
 )
 #: LoRA on every projection of the last 8 of the 30 layers: the backward pass stops there (measured 30% less CPU
 #: per step than LoRA on all layers), and it is enough for the task.

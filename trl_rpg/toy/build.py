@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .._compat import no_activation_checkpointing
 from .model import DEFAULT_MODEL_KWARGS, build_model
 from .problems import (
     FIRST_OPERAND_RANGE,
@@ -143,5 +144,6 @@ RECOMMENDED_RL_ARGS: dict[str, Any] = {
     "learning_rate": 1e-4,
     "beta": 0.0,
     "scale_rewards": "none",
-    "gradient_checkpointing": False,  # GRPOConfig defaults to True; recomputation only costs time at this size
+    # GRPOConfig defaults to True; recomputation only costs time at this size (transformers' current name for it)
+    **no_activation_checkpointing(),
 }

@@ -27,6 +27,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
+from .._compat import no_activation_checkpointing
 from . import task as toy
 
 __all__ = ["DEMO_EVAL_EVERY", "DEMO_MAX_STEPS", "DEMO_MIN_GAIN", "DEMO_RL_ARGS", "complete_demo_card",
@@ -60,7 +61,7 @@ def demo_config_kwargs(output_dir: str, seed: int = 0, max_steps: int = DEMO_MAX
     kwargs.update(DEMO_RL_ARGS)
     kwargs.update(output_dir=output_dir, seed=seed, max_steps=max_steps, disable_tqdm=True, report_to="none",
                   save_strategy="no", logging_steps=1, use_cpu=True, bf16=False, dataloader_num_workers=0,
-                  gradient_checkpointing=False)  # TRL's default; pure overhead on a model this small
+                  **no_activation_checkpointing())  # TRL's default is on: pure overhead on a model this small
     kwargs.update(overrides)
     return kwargs
 
