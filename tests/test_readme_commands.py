@@ -92,7 +92,7 @@ def test_quick_start_runs_as_written_on_cpu_and_learns(new_user, monkeypatch, ca
     cpu = code_blocks(section("Quick start"), "python")[0]
     assert "use_cpu=True, bf16=False" in cpu and "Qwen" not in cpu  # a local model on CPU: nothing to download
     monkeypatch.chdir(new_user)
-    assert "torch.set_num_threads(1)" in cpu and "gradient_checkpointing=False" in cpu  # as fast as the recipe
+    assert "torch.set_num_threads(1)" in cpu and "activation_checkpointing=False" in cpu  # as fast as the recipe
     threads = torch.get_num_threads()
     try:
         exec(compile(cpu, "README.md (quick start)", "exec"), {"__name__": "__main__"})

@@ -88,8 +88,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):
         async_upgrade_guard.check_async()  # first: TRL code RPG relies on changed must not train silently wrong
+        args = as_async_rpg_config(args, model)  # a value that cannot train: refused naming the field
         check_async_runtime(positional, kwargs)  # no CUDA GPU, no stand-ins: one line, before anything loads
-        args = as_async_rpg_config(args, model)
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
