@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from .grpo_fields import GRPO_FIELDS
-from .objectives import DIVERGENCE_TABLE
+from .objectives import get_divergence
 from .reward_scale import startup_note
 
 
@@ -313,7 +313,7 @@ def _scale_clause(args) -> str:
 
 def objective_text(args) -> str:
     """What both trainers' start-up lines say first: the objective, its divergence, estimator and beta."""
-    title = {row.name: row.title for row in DIVERGENCE_TABLE}[args.rpg_divergence]
+    title = get_divergence(args.rpg_divergence).title
     return (f"optimising E[A] - beta*D with D = {title} (rpg_divergence={args.rpg_divergence!r}), "
             f"rpg_estimator={args.rpg_estimator!r}, beta={args.beta}")
 

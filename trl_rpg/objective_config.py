@@ -48,8 +48,8 @@ def epsilon_high_field():
 
 
 def divergence_field():
-    return config_field("urkl", "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised).",
-                        choices=list(DIVERGENCES))
+    return config_field("urkl", "Divergence: 'fkl' KL(ref||pi), 'rkl' KL(pi||ref), 'ufkl', 'urkl' (unnormalised), "
+                                "or a name added with trl_rpg.objectives.register_divergence.")
 
 
 def estimator_field():

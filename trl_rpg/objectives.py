@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 __all__ = ["DIVERGENCES", "DIVERGENCE_TABLE", "ESTIMATORS", "ESTIMATOR_BODIES", "LOG_RATIO_BOUND", "OBJECTIVES",
-           "Divergence", "ObjectiveInputs", "divergence_value", "rpg_per_token_loss"]
+           "Divergence", "ObjectiveInputs", "divergence_value", "get_divergence", "register_divergence",
+           "rpg_per_token_loss"]
 
 #: The arguments of exp (log w, log rho) are bounded above by LOG_RATIO_BOUND (not below: exp underflows to 0
 #: exactly); log r itself is not bounded.
@@ -85,8 +87,48 @@ DIVERGENCE_TABLE: tuple[Divergence, ...] = (
                kl_weight=lambda w, log_r, rho: -w * log_r,
                value_formula="w*log r + rho - w", weight_formula="w*(A - beta*log r)"),
 )
-_BY_NAME = {row.name: row for row in DIVERGENCE_TABLE}
-DIVERGENCES = tuple(_BY_NAME)
+
+# --------------------------------------------------------------------------------------------------------------
+# The registry: name -> Divergence. The built-ins are registered below exactly as a user's divergence would be.
+# --------------------------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, Divergence] = {}
+#: Read-only view of the registry, name -> :class:`Divergence` (live: a later registration shows up here).
+DIVERGENCES: Mapping[str, Divergence] = types.MappingProxyType(_REGISTRY)
+_TEXT_FIELDS = ("name", "title", "value_formula", "weight_formula")
+
+
+def register_divergence(divergence: Divergence) -> Divergence:
+    """Add ``divergence`` under ``divergence.name`` (docs/objectives.md, "Adding a divergence").
+
+    The row must be a :class:`Divergence` with non-empty text fields and callable ``value`` / ``kl_weight``; a name
+    already registered (a built-in included) is refused: no entry is ever replaced. Returns the row."""
+    if not isinstance(divergence, Divergence):
+        raise TypeError(f"register_divergence takes a Divergence, got {type(divergence).__name__}.")
+    for field in _TEXT_FIELDS:
+        value = getattr(divergence, field)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"Divergence.{field} must be a non-empty string, got {value!r}.")
+    for field in ("value", "kl_weight"):
+        if not callable(getattr(divergence, field)):
+            raise ValueError(f"Divergence.{field} must be a callable f(w, log_r, rho) -> Tensor, got "
+                             f"{getattr(divergence, field)!r}.")
+    if divergence.name in _REGISTRY:
+        raise ValueError(f"A divergence named {divergence.name!r} is already registered (registered: "
+                         f"{list(_REGISTRY)}); choose another name.")
+    _REGISTRY[divergence.name] = divergence
+    return divergence
+
+
+def get_divergence(name: str) -> Divergence:
+    """The registered :class:`Divergence` called ``name``; a clear error listing the registered names otherwise."""
+    if name not in _REGISTRY:
+        raise ValueError(f"`divergence` must be one of {list(_REGISTRY)}, got {name!r}.")
+    return _REGISTRY[name]
+
+
+for _row in DIVERGENCE_TABLE:
+    register_divergence(_row)
 
 
 @dataclass
@@ -116,7 +158,7 @@ class ObjectiveInputs:
 
 def divergence_value(divergence: str, w: Tensor, log_r: Tensor, rho: Tensor) -> Tensor:
     """Per-token estimate of the divergence D (its mean under mu estimates D); docs/math.md section 2."""
-    return _BY_NAME[divergence].value(w, log_r, rho)
+    return get_divergence(divergence).value(w, log_r, rho)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -242,6 +284,13 @@ OBJECTIVES: dict[tuple[str, str], Callable] = {
 }
 
 
+def objective_for(divergence: str, estimator: str) -> Callable[[ObjectiveInputs], tuple[Tensor, dict | None]]:
+    """The per-token objective of a (divergence, estimator) pair: the prebuilt one for a built-in, else derived from
+    the registered row (so a divergence registered after import is used exactly like the built-ins)."""
+    built_in = OBJECTIVES.get((divergence, estimator))
+    return built_in if built_in is not None else _objective(get_divergence(divergence), estimator)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Public entry point
 # --------------------------------------------------------------------------------------------------------------
@@ -360,7 +409,8 @@ def rpg_per_token_loss(
         reward_logps: (B, T) log-probs whose ratio to the sampler weighs the reward term and is tested by the clip;
             carries the gradient. None: ``logps`` (token level). GSPO passes the sequence-level log-probs
             (``loss.sequence_level_logps``); the KL term always uses ``logps`` (docs/math.md section 4b).
-        divergence: "fkl" | "rkl" | "ufkl" | "urkl" (docs/math.md section 2).
+        divergence: "fkl" | "rkl" | "ufkl" | "urkl" (docs/math.md section 2), or a name added with
+            :func:`register_divergence`.
         estimator: "reinforce" (stop-gradient surrogate) | "differentiable" (gradient through w).
         beta: KL coefficient, >= 0.
         epsilon_low: None disables clipping; else RPG-Style Clip with trust region [1 - eps_low, 1 + eps_high]
@@ -423,7 +473,7 @@ def rpg_per_token_loss(
         logp=logp_safe, log_w=log_w, w=w, log_rho=log_rho, rho=log_rho.exp(), adv=adv, beta=float(beta),
         clip=clip, reward_w=reward_w, log_r=logp_safe - logref, sequence_level=reward_logps is not None,
     )
-    loss, regions = OBJECTIVES[(divergence, estimator)](inputs)
+    loss, regions = objective_for(divergence, estimator)(inputs)
     per_token_loss = torch.where(valid, loss, zeros)
 
     with torch.no_grad():
