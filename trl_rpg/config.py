@@ -70,7 +70,7 @@ class RPGConfig(GRPOConfig):
 
         rpg_divergence (`str`, *optional*, defaults to `"urkl"`):
             Divergence regularising the policy: `"fkl"` KL(ref || pi), `"rkl"` KL(pi || ref), `"ufkl"` and `"urkl"`
-            their unnormalised forms.
+            their unnormalised forms, or a name added with `trl_rpg.objectives.register_divergence`.
         rpg_estimator (`str`, *optional*, defaults to `"reinforce"`):
             `"reinforce"`: stop-gradient surrogate `-SG(weight) * logp` (RPG-REINFORCE); `"differentiable"`: the
             fully differentiable surrogate (the paper's "RPG" runs).
