@@ -441,12 +441,12 @@ def register_properties(trainer: str, *properties: Property) -> None:
     PROPERTIES[trainer] = (*PROPERTIES.get(trainer, ()), *properties)
 
 
-def default_context(workdir: str) -> CheckContext:
+def default_context(workdir: str, rpg_class: type | None) -> CheckContext:
+    """The context of the self-check of `rpg_class`, the trainer under review, handed in by the check's process from
+    its `Review` (this module never imports a trainer), against TRL's `GRPOTrainer`."""
     from trl import GRPOTrainer
 
-    from .trainer import RPGTrainer
-
-    return CheckContext(grpo_class=GRPOTrainer, rpg_class=RPGTrainer, workdir=workdir)
+    return CheckContext(grpo_class=GRPOTrainer, rpg_class=rpg_class, workdir=workdir)
 
 
 __all__ = ["MIN_MOVEMENT", "PARAM_ATOL", "PROPERTIES", "CheckContext", "Property", "checkpoint_resume",

@@ -294,6 +294,14 @@ def register_review(name: str, review: Review, owners: dict[str, str] | None = N
     REVIEWS[name] = review
 
 
+def reviewed_class(review: str) -> type | None:
+    """The trainer class that `review` checks (its `Review.trainer`, imported here, at run time); None for a review
+    not registered in this process yet (the async one registers itself when its properties are imported, and they
+    name their own classes)."""
+    spec = REVIEWS.get(review)
+    return None if spec is None else _resolve(spec.trainer)
+
+
 class UnreviewedUpgrade(RuntimeError):
     """The installed TRL/transformers differ from the reviewed code in what RPG relies on."""
 
@@ -472,5 +480,5 @@ def status(review: str = "RPGTrainer") -> str:
 __all__ = ["ALLOW_ENV", "GRPO_FIELDS", "OWNERS", "REVIEWED_METHODS", "REVIEWED_VERSIONS", "REVIEWS", "VERDICTS",
            "FieldRule", "Review", "ReviewedMethod", "UnreviewedUpgrade", "attributed", "changed_methods", "check",
            "defined_in", "describe", "describe_passed", "drop_in_table", "full_table", "method_digests",
-           "new_field_values", "normalised_source", "register_review", "replaced_here", "source_digest", "status",
-           "taken_names", "unclassified_fields"]
+           "new_field_values", "normalised_source", "register_review", "replaced_here", "reviewed_class", "source_digest",
+           "status", "taken_names", "unclassified_fields"]

@@ -270,12 +270,14 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
     return result
 
 
-def run_properties(properties, context=None) -> list[dict]:
+def run_properties(properties, context=None, review: str = "RPGTrainer") -> list[dict]:
     """Each property's result: `{"name", "passed", "detail"}` (an exception is a failure, with where it was
-    raised)."""
+    raised). Without `context`, the trainer checked is the class that `review`'s `Review.trainer` names."""
+    from . import upgrade_guard
+
     results = []
     with tempfile.TemporaryDirectory(prefix="trl-rpg-self-check-") as workdir:
-        context = context or upgrade_check.default_context(workdir)
+        context = context or upgrade_check.default_context(workdir, upgrade_guard.reviewed_class(review))
         context.workdir = workdir
         for prop in properties:
             try:
@@ -301,8 +303,9 @@ def main() -> int:
     import torch
 
     torch.manual_seed(0)
-    results = run_properties(properties)
-    digests = upgrade_guard.method_digests(request.get("review", "RPGTrainer"))
+    review = request.get("review", "RPGTrainer")
+    results = run_properties(properties, review=review)
+    digests = upgrade_guard.method_digests(review)
     print(RESULT_PREFIX + json.dumps({"results": results, "digests": digests}), flush=True)
     return 0
 
