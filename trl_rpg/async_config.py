@@ -89,8 +89,8 @@ class AsyncRPGConfig(AsyncGRPOConfig):
 
     Parameters:
         rpg_divergence (`str`, *optional*, defaults to `"urkl"`):
-            `"fkl"` KL(ref || pi), `"rkl"` KL(pi || ref), `"ufkl"` and `"urkl"` their unnormalised forms, or a name added
-            with `trl_rpg.objectives.register_divergence`.
+            `"fkl"` KL(ref || pi), `"rkl"` KL(pi || ref), `"ufkl"` and `"urkl"` their unnormalised forms, or a name
+            added with `trl_rpg.objectives.register_divergence`.
         rpg_estimator (`str`, *optional*, defaults to `"reinforce"`):
             `"reinforce"` (stop-gradient surrogate, RPG-REINFORCE) or `"differentiable"`.
         rpg_dual_clip_c (`float` or `None`, *optional*, defaults to `10.0`):

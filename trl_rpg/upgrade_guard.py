@@ -480,5 +480,5 @@ def status(review: str = "RPGTrainer") -> str:
 __all__ = ["ALLOW_ENV", "GRPO_FIELDS", "OWNERS", "REVIEWED_METHODS", "REVIEWED_VERSIONS", "REVIEWS", "VERDICTS",
            "FieldRule", "Review", "ReviewedMethod", "UnreviewedUpgrade", "attributed", "changed_methods", "check",
            "defined_in", "describe", "describe_passed", "drop_in_table", "full_table", "method_digests",
-           "new_field_values", "normalised_source", "register_review", "replaced_here", "reviewed_class", "source_digest",
-           "status", "taken_names", "unclassified_fields"]
+           "new_field_values", "normalised_source", "register_review", "replaced_here", "reviewed_class",
+           "source_digest", "status", "taken_names", "unclassified_fields"]
