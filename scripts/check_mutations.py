@@ -1,7 +1,7 @@
 """Mutation check: each entry changes one line of the package the way a plausible bug would, runs the tests meant to
 catch it, and reports whether they fail (they must). The tree is restored from git after each mutation.
 
-    python scripts/check_mutations.py            # all mutations (351: a few hours on 2 cores)
+    python scripts/check_mutations.py            # all mutations (469: several hours on 2 cores)
     python scripts/check_mutations.py --list     # what is checked, and by which tests
     python scripts/check_mutations.py -k ddp     # the mutations whose name contains "ddp"
 
