@@ -902,7 +902,8 @@ MUTATIONS = [
              "    elif False:",
              "tests/test_worker_samples.py -k named"),
     Mutation("worker samples: a usable sample does not end a run of unusable ones", "trl_rpg/worker_samples.py",
-             "            self.unusable_run, self._reasons, self._unusable_since, self._warned_run = 0, {}, None, False",
+             "            self.unusable_run, self._reasons, self._unusable_since, self._warned_run = 0, {}, None, "
+             "False",
              "            pass",
              "tests/test_worker_samples.py -k queue"),
     Mutation("worker samples: stale samples not counted towards the limit", "trl_rpg/worker_samples.py",

@@ -8,10 +8,10 @@ sampled from, over the whole vocabulary. The verdicts:
 - **exact**: no setting cuts the sampler's support, and the vLLM server reports `logprobs_mode="processed_logprobs"`
   (or the worker is not TRL's, whose log-probs are its own: the sample checks, `worker_samples`, still refuse a
   positive one);
-- **warned**: `top_p < 1`, `top_k > 0`, `min_p > 0`, or a generation kwarg that cuts or reweights the sampler (`SUPPORT_KWARGS`):
-  the sampler never proposes the tokens it cuts, which the policy still gives probability, so `w` (renormalised over
-  the kept tokens) misses the cut mass and the KL term never sees those tokens (docs/math.md section 4c); also a server
-  that does not say its logprobs mode;
+- **warned**: `top_p < 1`, `top_k > 0`, `min_p > 0`, or a generation kwarg that cuts or reweights the sampler
+  (`SUPPORT_KWARGS`): the sampler never proposes the tokens it cuts, which the policy still gives probability, so
+  `w` (renormalised over the kept tokens) misses the cut mass and the KL term never sees those tokens (docs/math.md
+  section 4c); also a server that does not say its logprobs mode;
 - **refused**: a server that reports another logprobs mode (vLLM's default `raw_logprobs`: the log-probs before
   temperature, so `w` is 0.88-1.17 at staleness 0 and temperature 0.7 instead of 1): restart it with
   `--logprobs-mode processed_logprobs`.

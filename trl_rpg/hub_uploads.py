@@ -199,8 +199,8 @@ class HubUploads:
                 self._retried.add(last.step)
                 self.report()
                 logger.warning("%s: pushing the last checkpoint (%s) to the Hub at the end of training: %s.",
-                               self.trainer, last.folder, "its upload failed" if mine else "transformers skipped its upload "
-                               "while an earlier one was running")
+                               self.trainer, last.folder, "its upload failed" if mine else
+                               "transformers skipped its upload while an earlier one was running")
                 push(last.folder)
                 self._wait(deadline)
         self.report()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from trl_rpg._compat import no_activation_checkpointing
+
 from .model import DEFAULT_MODEL_KWARGS, build_model
 from .problems import (
     FIRST_OPERAND_RANGE,
