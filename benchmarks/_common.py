@@ -374,7 +374,7 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     init_worker()
     from transformers import AutoTokenizer, PrinterCallback, TrainerCallback
 
-    from trl_rpg.learning_signal import TRAINED_ON_NOTHING_REASON, NoLearningSignal
+    from trl_rpg.run.learning_signal import TRAINED_ON_NOTHING_REASON, NoLearningSignal
 
     toy = toy_module(s)
     t0 = time.perf_counter()

@@ -71,8 +71,8 @@ class AsyncGRPOWithK3Trainer(AsyncGRPOTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Override: TRL's loss as it is, on a recording of the model call; the k3 term added on the same tokens.
         from trl_rpg._compat import recording
-        from trl_rpg.async_trainer import packed_terms
-        from trl_rpg.loss import packed_token_mean
+        from trl_rpg.objectives.loss import packed_token_mean
+        from trl_rpg.trainers.async_trainer import packed_terms
 
         call, outputs = recording(model)
         loss = super().compute_loss(call, inputs, return_outputs, num_items_in_batch)

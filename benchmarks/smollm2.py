@@ -7,7 +7,7 @@
 
 The model is the registry's SmolLM2-135M-Instruct (``trl_rpg.smollm2.prepare_smollm2``); the task is
 ``trl_rpg.smollm2.task`` (single-digit addition through the model's chat template, reward 1 when the reply ends and
-its last number is the sum); the RL settings are the demo's (``trl_rpg.smollm2.demo``: 16 replies per optimizer step
+its last number is the sum); the RL settings are the demo's (``trl_rpg.cli.smollm2_demo``: 16 replies per optimizer step
 at temperature 1, LoRA on the last 8 layers, learning rate 5e-4) with each generation batch reused for ``reuse``
 optimizer steps, as the toy learning benchmark does. The methods are the toy benchmark's
 (``benchmarks.learning.METHODS`` and ``RPG_COMMON``: beta 0.04 for GRPO and the RPG variants, DAPO without KL).
@@ -100,7 +100,7 @@ def run_config(s: Settings, method: str, seed: int, out: str):
     from trl import GRPOConfig
 
     from trl_rpg import RPGConfig
-    from trl_rpg.smollm2.demo import smollm2_config_kwargs
+    from trl_rpg.cli.smollm2_demo import smollm2_config_kwargs
 
     spec = dict(METHODS[method])
     kind = spec.pop("trainer")
@@ -121,8 +121,8 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
     from trl import GRPOTrainer
 
     from trl_rpg import RPGTrainer
+    from trl_rpg.cli.smollm2_demo import TRAIN_PROMPTS, smollm2_lora
     from trl_rpg.smollm2 import task
-    from trl_rpg.smollm2.demo import TRAIN_PROMPTS, smollm2_lora
 
     kind, config = run_config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}"))
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -31,7 +31,7 @@
   3,200 completions of up to 8k tokens per benchmark); the default batched `model.generate` suits quick checks.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
 * Curves: `<output_dir>/rpg_curves.png` (reward, divergence, the range of `w`, clip fractions over steps), redrawn at
-  every checkpoint and at the end (`trl_rpg.plot_callback.RPGPlotCallback`; matplotlib: `pip install 'trl-rpg[plot]'`).
+  every checkpoint and at the end (`trl_rpg.evaluation.plot_callback.RPGPlotCallback`; matplotlib: `pip install 'trl-rpg[plot]'`).
 
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml examples/rpg_math.py \\
         --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh
@@ -60,8 +60,8 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_rpg import RPGConfig, RPGTrainer
 from trl_rpg.cli import load_training_data, show_upstream_warnings_once
-from trl_rpg.evaluation import BENCHMARKS, evaluate_benchmarks, problem_text
-from trl_rpg.plot_callback import RPGPlotCallback
+from trl_rpg.evaluation.evaluate import BENCHMARKS, evaluate_benchmarks, problem_text
+from trl_rpg.evaluation.plot_callback import RPGPlotCallback
 from trl_rpg.rewards import check_reward_columns, make_overlong_punishment, paper_math_reward, reference_answer
 
 logger = logging.getLogger("rpg_math")
@@ -191,7 +191,7 @@ def prepare_math_dataset(dataset, dedupe: bool = True, max_samples: int | None =
 
 
 def evaluate(model, tokenizer, script_args, training_args, tag: str) -> dict:
-    """mean@k on the chosen bundled benchmarks with `trl_rpg.evaluation.evaluate_benchmarks`."""
+    """mean@k on the chosen bundled benchmarks with `trl_rpg.evaluation.evaluate.evaluate_benchmarks`."""
     names = [n for n in script_args.eval_benchmarks if n.lower() != "none"]
     if not names:
         return {}

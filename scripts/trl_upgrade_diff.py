@@ -6,12 +6,12 @@ diffs, and the GRPOConfig fields to classify.
 
 The reviewed side is the TRL installed in this environment (`pip install -e ".[test]" -c constraints.txt` installs
 the reviewed versions); the new side is read in a fresh process with the given folder first on `sys.path`. For
-every review (`trl_rpg.upgrade_guard.REVIEWS`: RPGTrainer's and AsyncRPGTrainer's, `trl_rpg.async_upgrade_guard`)
+every review (`trl_rpg.upgrade.guard.REVIEWS`: RPGTrainer's and AsyncRPGTrainer's, `trl_rpg.upgrade.async_guard`)
 it prints each changed method's unified diff (a method whose normalised source is unchanged is not listed), the new
-digest to record once reviewed (`trl_rpg/upgrade_guard.py`, `trl_rpg/async_upgrade_guard.py`), and the config fields
-added (to classify in `trl_rpg/grpo_fields.py` or `trl_rpg/async_config.py`: accepted, changed default, refused or
+digest to record once reviewed (`trl_rpg/upgrade/guard.py`, `trl_rpg/upgrade/async_guard.py`), and the config fields
+added (to classify in `trl_rpg/upgrade/grpo_fields.py` or `trl_rpg/trainers/async_config.py`: accepted, changed default, refused or
 ignored, with the reason) or removed. Then run `tests/test_upgrade_guard.py`
-and the self-check (`python -c "from trl_rpg import upgrade_guard; print(upgrade_guard.status())"` with the new
+and the self-check (`python -c "from trl_rpg.upgrade import guard as upgrade_guard; print(upgrade_guard.status())"` with the new
 TRL installed). Exit status 0 (1 when the new side cannot be read).
 """
 
@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 #: Per review: where its reviewed digests are recorded, and where its config fields are classified.
-FILES = {"RPGTrainer": {"digests": "trl_rpg/upgrade_guard.py", "fields": "trl_rpg/grpo_fields.py"},
-         "AsyncRPGTrainer": {"digests": "trl_rpg/async_upgrade_guard.py",
-                             "fields": "trl_rpg/async_config.py (ASYNC_FIELDS)"}}
+FILES = {"RPGTrainer": {"digests": "trl_rpg/upgrade/guard.py", "fields": "trl_rpg/upgrade/grpo_fields.py"},
+         "AsyncRPGTrainer": {"digests": "trl_rpg/upgrade/async_guard.py",
+                             "fields": "trl_rpg/trainers/async_config.py (ASYNC_FIELDS)"}}
 
 
 def _field_default(f) -> str:
@@ -47,10 +47,9 @@ def dump() -> dict:
     """What this process's TRL holds of what RPG reviewed: each method's source and digest, each config's fields."""
     from importlib.metadata import version
 
-    from trl_rpg import upgrade_guard
-
+    from trl_rpg.upgrade import guard as upgrade_guard
     try:
-        from trl_rpg import async_upgrade_guard
+        from trl_rpg.upgrade import async_guard as async_upgrade_guard
     except ImportError:  # a TRL without the asynchronous trainer: RPGTrainer's review only
         pass
     else:
@@ -84,7 +83,7 @@ def dump_from(site: str) -> dict:
 
 def compare(reviewed: dict, new: dict) -> str:
     """The report: per review, the changed methods with diffs and new digests, then the config fields."""
-    from trl_rpg.upgrade_guard import REVIEWED_VERSIONS
+    from trl_rpg.upgrade.guard import REVIEWED_VERSIONS
 
     old_v, new_v = reviewed["versions"], new["versions"]
     pinned = ", ".join(f"{name} {v}" for name, v in REVIEWED_VERSIONS.items())

@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _tiny import cpu_args, digit_reward, tiny_dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from trl_rpg import RPGConfig, RPGTrainer, checkpointing  # noqa: E402
+from trl_rpg import RPGConfig, RPGTrainer  # noqa: E402
+from trl_rpg.run import checkpointing
 
 SCHEDULE_ARGS = {
     "sampling": {},

@@ -14,8 +14,9 @@ import warnings
 import trl
 from datasets import Dataset
 
-from trl_rpg import RPGConfig, RPGTrainer, upgrade_guard
+from trl_rpg import RPGConfig, RPGTrainer
 from trl_rpg.toy import build_model, build_tokenizer
+from trl_rpg.upgrade import guard as upgrade_guard
 
 
 class _Count(logging.Handler):
@@ -39,7 +40,7 @@ def build(output_dir, **overrides):
 
 
 def main(output_dir: str) -> None:
-    logging.getLogger("trl_rpg.upgrade_verdict").addHandler(_Count())
+    logging.getLogger("trl_rpg.upgrade.verdict").addHandler(_Count())
     report = {"trl_file": trl.__file__}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -1,5 +1,5 @@
 """`AsyncRPGConfig` refuses every value of TRL's own asynchronous fields and of the optimizer settings that cannot
-train, when it is built (before any model loads), naming the field and what is allowed (`trl_rpg.async_checks`);
+train, when it is built (before any model loads), naming the field and what is allowed (`trl_rpg.trainers.async_checks`);
 good values, TRL's defaults and the edges of each range are accepted."""
 
 import math
@@ -7,7 +7,7 @@ import math
 import pytest
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from trl_rpg.async_config import AsyncRPGConfig, as_async_rpg_config
+from trl_rpg.trainers.async_config import AsyncRPGConfig, as_async_rpg_config
 
 BASE = dict(output_dir="/tmp/trl-rpg-async-checks-test", use_cpu=True, report_to="none")
 NAN, INF = math.nan, math.inf

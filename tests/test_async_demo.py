@@ -12,7 +12,8 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client (nev
 from trl.experimental.async_grpo import AsyncGRPOConfig  # noqa: E402
 
 from trl_rpg import AsyncRPGConfig, cli, toy  # noqa: E402
-from trl_rpg.toy import async_demo, async_rollouts  # noqa: E402
+from trl_rpg.cli import async_toy_demo as async_demo
+from trl_rpg.toy import async_rollouts  # noqa: E402
 
 
 def test_demo_async_trains_both_at_the_staleness_asked_and_prints_the_comparison(tmp_path, monkeypatch, capsys):

@@ -214,8 +214,9 @@ def test_the_moe_auxiliary_loss_is_divided_by_the_accumulation_steps(model_path,
 def test_only_a_yes_lets_an_unreviewed_async_trl_train(monkeypatch, value, allowed):
     import dataclasses
 
-    from trl_rpg import async_upgrade_guard, upgrade_guard, upgrade_verdict
-
+    from trl_rpg.upgrade import async_guard as async_upgrade_guard
+    from trl_rpg.upgrade import guard as upgrade_guard
+    from trl_rpg.upgrade import verdict as upgrade_verdict
     changed = dataclasses.replace(async_upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
     monkeypatch.setattr(async_upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
     failed = upgrade_verdict.Verdict(False, [{"name": "async_reduction", "passed": False, "detail": "off by 2"}])

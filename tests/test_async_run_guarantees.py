@@ -20,9 +20,9 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client (nev
 
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
-from trl_rpg.checkpoint import LOCK_FILE, MANIFEST_FILE, CheckpointError, OutputDirBusy, read_manifest  # noqa: E402
-from trl_rpg.checkpoint.lock import lock_files  # noqa: E402
-from trl_rpg.hub_uploads import HubUploadError  # noqa: E402
+from trl_rpg.run.checkpoint import LOCK_FILE, MANIFEST_FILE, CheckpointError, OutputDirBusy, read_manifest  # noqa: E402
+from trl_rpg.run.checkpoint.lock import lock_files  # noqa: E402
+from trl_rpg.run.hub_uploads import HubUploadError  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
 
 GENERATIONS, BATCH, LENGTH = 4, 8, 6
@@ -63,7 +63,7 @@ def build(model_path, args, staleness: int = 1) -> AsyncRPGTrainer:
 
 HOLDER = """
 import sys, time
-from trl_rpg.checkpoint import output_dir_lock
+from trl_rpg.run.checkpoint import output_dir_lock
 with output_dir_lock(sys.argv[1], True, lambda values: values):
     print("held", flush=True)
     time.sleep(600)
@@ -113,7 +113,7 @@ def test_failed_hub_uploads_end_the_run_in_hub_upload_error_with_the_final_model
     with async_trainer_on_cpu(VarlenAttention):
         trainer = build(model_path, async_args(out, save_strategy="steps", save_steps=1, push_to_hub=True,
                                                hub_model_id="me/rpg", hub_strategy="checkpoint"))
-        with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"), \
+        with caplog.at_level(logging.WARNING, logger="trl_rpg.run.hub_uploads"), \
                 pytest.raises(HubUploadError) as error:
             trainer.train()
     message = str(error.value)

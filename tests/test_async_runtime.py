@@ -11,9 +11,10 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client
 
 from trl.experimental.async_grpo import AsyncGRPOTrainer  # noqa: E402
 
-from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer, async_upgrade_guard  # noqa: E402
-from trl_rpg.async_runtime import AsyncRuntimeMissing, rollout_worker_argument  # noqa: E402
+from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg.toy import VarlenAttention, async_trainer_on_cpu  # noqa: E402
+from trl_rpg.trainers.async_runtime import AsyncRuntimeMissing, rollout_worker_argument  # noqa: E402
+from trl_rpg.upgrade import async_guard as async_upgrade_guard
 
 
 class Reached(Exception):

@@ -1,4 +1,4 @@
-"""The sampler settings `AsyncRPGTrainer`'s exact weight relies on (`trl_rpg.async_sampler`), with the synchronous
+"""The sampler settings `AsyncRPGTrainer`'s exact weight relies on (`trl_rpg.trainers.async_sampler`), with the synchronous
 trainer's verdicts: exact (full support, a server at processed log-probs), warned (truncated sampling, a server that
 does not say its mode), refused (a server at raw log-probs: there is no recompute to fall back on). The server is a
 stub of TRL's `VLLMClient`; TRL's own rollout worker is built (never started)."""
@@ -17,10 +17,10 @@ from trl.experimental.async_grpo import async_rollout_worker  # noqa: E402
 from trl.experimental.async_grpo.vllm_client import VLLMClient  # noqa: E402
 
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
-from trl_rpg import async_trainer as async_trainer_module  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
-from trl_rpg.async_sampler import SamplerRefused, sampler_verdict, support_cuts  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
+from trl_rpg.trainers import async_trainer as async_trainer_module  # noqa: E402
+from trl_rpg.trainers.async_sampler import SamplerRefused, sampler_verdict, support_cuts  # noqa: E402
 
 URL = "http://stub-server:8000"
 

@@ -308,7 +308,7 @@ def test_a_non_finite_gradient_skips_the_step(run):
 
 def test_parameters_the_optimizer_makes_non_finite_stop_the_run(run):
     """The sync trainer's guard (`parameter_guard.ParameterGuard`, tested there with a real NaN step) is on."""
-    from trl_rpg.parameter_guard import ParameterGuard
+    from trl_rpg.run.parameter_guard import ParameterGuard
 
     guards = [c for c in run["trainer"].callback_handler.callbacks if isinstance(c, ParameterGuard)]
     assert len(guards) == 1 and guards[0].trainer == "AsyncRPGTrainer"
@@ -401,7 +401,7 @@ def test_bad_rpg_values_name_the_field(overrides, field, allowed):
 
 
 def test_an_async_grpo_config_is_upgraded():
-    from trl_rpg.async_config import as_async_rpg_config
+    from trl_rpg.trainers.async_config import as_async_rpg_config
 
     args = as_async_rpg_config(AsyncGRPOConfig(**BASE, epsilon=0.1, max_staleness=2), "model")
     assert isinstance(args, AsyncRPGConfig)
@@ -418,7 +418,7 @@ def test_import_trl_rpg_does_not_import_the_async_trainer():
     code = ("import sys, trl_rpg; trl_rpg.RPGConfig; "
             "sys.exit('trl.experimental.async_grpo' in sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
-    assert AsyncRPGTrainer.__module__ == "trl_rpg.async_trainer"
+    assert AsyncRPGTrainer.__module__ == "trl_rpg.trainers.async_trainer"
 
 
 def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
@@ -426,8 +426,8 @@ def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
     trainer before any model is loaded, naming it."""
     import dataclasses
 
-    from trl_rpg import async_upgrade_guard, upgrade_guard
-
+    from trl_rpg.upgrade import async_guard as async_upgrade_guard
+    from trl_rpg.upgrade import guard as upgrade_guard
     assert async_upgrade_guard.check_async() == []
 
     @dataclasses.dataclass
@@ -438,7 +438,9 @@ def test_the_upgrade_guard_covers_the_async_trainer(monkeypatch, model_path):
         async_upgrade_guard.check_async(config_class=NewerConfig)
     changed = dataclasses.replace(async_upgrade_guard.ASYNC_REVIEWED_METHODS[1], digest="0" * 16)
     monkeypatch.setattr(async_upgrade_guard, "ASYNC_REVIEWED_METHODS", (changed,))
-    from trl_rpg import upgrade_verdict  # the self-check (tests/test_async_upgrade_check.py), here failed
+    from trl_rpg.upgrade import (
+        verdict as upgrade_verdict,  # the self-check (tests/test_async_upgrade_check.py), here failed
+    )
 
     monkeypatch.setattr(upgrade_verdict, "verdict", lambda *args: upgrade_verdict.Verdict(False, error="stub"))
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"AsyncRPGTrainer was reviewed.*"

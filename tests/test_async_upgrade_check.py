@@ -1,4 +1,4 @@
-"""The upgrade self-check of `AsyncRPGTrainer` (`trl_rpg.async_upgrade_check`, run by `async_upgrade_guard.check_async`
+"""The upgrade self-check of `AsyncRPGTrainer` (`trl_rpg.upgrade.async_self_check`, run by `async_upgrade_guard.check_async`
 through the synchronous trainer's machinery: `upgrade_guard.register_review`, `upgrade_check.register_properties`,
 `upgrade_verdict`'s fresh process and cache): each property holds on the reviewed TRL and fails on a TRL changed in
 what it checks; a TRL whose async methods changed but behave trains after the self-check (cached per installed
@@ -18,9 +18,12 @@ from trl.experimental.async_grpo.async_grpo_trainer import (  # noqa: E402
     RolloutQueueDataset,
 )
 
-from trl_rpg import async_upgrade_check, async_upgrade_guard, upgrade_guard, upgrade_verdict  # noqa: E402
-from trl_rpg.async_trainer import AsyncRPGTrainer  # noqa: E402
-from trl_rpg.upgrade_check import PROPERTIES, CheckContext  # noqa: E402
+from trl_rpg.trainers.async_trainer import AsyncRPGTrainer  # noqa: E402
+from trl_rpg.upgrade import async_guard as async_upgrade_guard
+from trl_rpg.upgrade import async_self_check as async_upgrade_check  # noqa: E402
+from trl_rpg.upgrade import guard as upgrade_guard
+from trl_rpg.upgrade import verdict as upgrade_verdict
+from trl_rpg.upgrade.self_check import PROPERTIES, CheckContext  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +114,11 @@ def test_a_failed_self_check_is_refused_naming_the_async_files(monkeypatch):
         async_upgrade_guard.check_async()
     message = str(error.value)
     assert message.startswith("AsyncRPGTrainer was reviewed against trl 1.16.0")
-    for named in ("AsyncGRPOTrainer.compute_loss", "trl_rpg.async_upgrade_guard.ASYNC_REVIEWED_METHODS",
-                  "the upgrade self-check failed: async_reduction: off by 2", "trl_rpg/async_trainer.py",
-                  "trl_rpg/async_upgrade_guard.py", "tests/test_async_upgrade_check.py"):
+    for named in ("AsyncGRPOTrainer.compute_loss", "trl_rpg.upgrade.async_guard.ASYNC_REVIEWED_METHODS",
+                  "the upgrade self-check failed: async_reduction: off by 2", "trl_rpg/trainers/async_trainer.py",
+                  "trl_rpg/upgrade/async_guard.py", "tests/test_async_upgrade_check.py"):
         assert named in message, named
-    for synchronous in ("trl_rpg/trainer.py", "trl_rpg.upgrade_guard.REVIEWED_METHODS", "tests/test_upgrade_guard.py",
+    for synchronous in ("trl_rpg/trainers/trainer.py", "trl_rpg.upgrade.guard.REVIEWED_METHODS", "tests/test_upgrade_guard.py",
                         "GRPO_FIELDS"):
         assert synchronous not in message, synchronous
 
@@ -128,7 +131,7 @@ def test_a_new_config_field_is_refused_naming_the_async_table():
     with pytest.raises(upgrade_guard.UnreviewedUpgrade) as error:
         async_upgrade_guard.check_async(config_class=NewerConfig)
     assert "these AsyncGRPOConfig fields are not classified by AsyncRPGTrainer: new_loss_option " \
-           "(each must be accepted, changed, refused or ignored with a reason: trl_rpg.async_config.ASYNC_FIELDS)" \
+           "(each must be accepted, changed, refused or ignored with a reason: trl_rpg.trainers.async_config.ASYNC_FIELDS)" \
            in str(error.value)
 
 
@@ -159,11 +162,11 @@ def test_the_maintainer_script_covers_the_async_review():
     report = script.compare(reviewed, new)
     async_part = report[report.index("## AsyncRPGTrainer"):]
     assert async_part.startswith(f"## AsyncRPGTrainer: 1 of {len(async_upgrade_guard.ASYNC_REVIEWED_METHODS)} "
-                                 "reviewed methods changed (record the new digests in trl_rpg/async_upgrade_guard.py)")
+                                 "reviewed methods changed (record the new digests in trl_rpg/upgrade/async_guard.py)")
     assert "-    coef_1 = torch.exp(log_ratio)\n+    coef_1 = log_ratio.exp()" in async_part
-    assert ("### config fields to classify (1): trl_rpg/async_config.py (ASYNC_FIELDS)\n"
+    assert ("### config fields to classify (1): trl_rpg/trainers/async_config.py (ASYNC_FIELDS)\n"
             "- new_async_option = None: A new option.") in async_part
-    assert "## RPGTrainer: 0 of" in report and "config fields to classify (0): trl_rpg/grpo_fields.py" in report
+    assert "## RPGTrainer: 0 of" in report and "config fields to classify (0): trl_rpg/upgrade/grpo_fields.py" in report
 
 
 def test_every_trl_method_the_async_trainer_overrides_is_reviewed():

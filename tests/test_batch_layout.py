@@ -14,9 +14,9 @@ import warnings
 import pytest
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 
-import trl_rpg.trainer as trainer_module
+import trl_rpg.trainers.trainer as trainer_module
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.describe import batch_layout, describe_objective
+from trl_rpg.trainers.describe import batch_layout, describe_objective
 
 INERT = "regularises nothing"
 

@@ -17,7 +17,7 @@ from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 from trl import GRPOConfig
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.describe import describe_objective, kl_term_is_inert
+from trl_rpg.trainers.describe import describe_objective, kl_term_is_inert
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg import gradient_guard
+from trl_rpg.run import gradient_guard
 
 #: Optimizer steps whose gradient the guard is made to refuse (one before the step-3 checkpoint, one after).
 SKIPPED = {2, 5}

@@ -7,7 +7,7 @@ import pytest
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg import checkpoint as ckpt
+from trl_rpg.run import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import torch
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg import checkpoint as ckpt
-from trl_rpg.checkpoint import CheckpointError, ScheduleMismatch
+from trl_rpg.run import checkpoint as ckpt
+from trl_rpg.run.checkpoint import CheckpointError, ScheduleMismatch
 
 BUFFER = "rpg_generation_buffer_rank0.safetensors"
 BUFFER_META = "rpg_generation_buffer_rank0.json"
@@ -85,7 +85,7 @@ def test_resume_true_falls_back_to_the_previous_complete_checkpoint(model_path, 
     """checkpoint-6 lost its buffer: resume from checkpoint-3 instead, with a warning naming the missing file, and
     end exactly where the uninterrupted run ended."""
     os.remove(run_copy / "checkpoint-6" / BUFFER)
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         trainer = resume(model_path, run_copy, True)
     assert any("checkpoint-6" in r.getMessage() and BUFFER in r.getMessage() for r in caplog.records)
     assert trainer.state.global_step == 6
@@ -150,7 +150,7 @@ def test_a_checkpoint_of_the_old_format_is_refused(model_path, run_copy):
 
 
 def test_a_changed_batch_layout_regenerates_the_buffer_with_a_warning(model_path, run_copy, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.checkpoint"):
         trainer = resume(model_path, run_copy, "checkpoint-3", steps_per_generation=2)
     assert any("regenerated (steps_per_generation changed from 4 to 2)" in r.getMessage() for r in caplog.records)
     assert trainer.state.global_step == 6
@@ -480,7 +480,7 @@ def test_a_multimodal_buffer_on_another_number_of_processes_is_regenerated(tmp_p
     ckpt.write_manifest(str(directory), 2, 2, run, reported, save_only_model=False, run_id="a-run")
     plan = ckpt.plan_buffer_restore(ckpt.read_manifest(str(directory)), 1, 4)
     assert plan.action == "drop" and "num_images, pixel_values cannot be split by sample" in plan.reason
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.checkpoint"):
         step, buffer = ckpt.restore_buffers(str(directory), 1, 4, 0, pad_token_id=0, device="cpu")
     assert (step, buffer) == (2, None)
     assert any("regenerated" in r.getMessage() and "pixel_values" in r.getMessage() for r in caplog.records)

@@ -121,7 +121,7 @@ def test_train_help_starts_with_the_launcher_options_then_lists_rpg_fields(tmp_p
         assert option in head, option
     assert "deepspeed_zero3" in head and "zero3" in head  # the config names --accelerate_config accepts
     text = " ".join(proc.stdout.split())  # argparse wraps the help text
-    from trl_rpg.config import RPGConfig
+    from trl_rpg.trainers.config import RPGConfig
 
     for name in [f.name for f in RPGConfig.__dataclass_fields__.values() if f.name.startswith("rpg_")]:
         assert f"--{name}" in text, name
@@ -147,7 +147,7 @@ def test_train_help_puts_config_and_rpg_fields_first_and_tells_rpg_defaults(caps
         if flag.startswith("--"):
             first.setdefault(flag, number)
     assert first["--config"] < 30
-    from trl_rpg.config import RPGConfig
+    from trl_rpg.trainers.config import RPGConfig
 
     rpg = [f"--{name}" for name in RPGConfig.__dataclass_fields__ if name.startswith(("rpg_", "dynamic_sampling"))]
     others = ("--reward_funcs", "--dataset_name", "--model_name_or_path", "--learning_rate", "--output_dir")
@@ -205,7 +205,7 @@ def test_trl_rpg_train_runs_through_accelerate_launch_and_resumes_with_true(tiny
     assert not list(cwd.glob("*.imported"))
     assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr  # DeepSpeed's notice, on every CPU run
     _check_run(out)
-    assert (out / "rpg_curves.png").read_bytes()[:4] == b"\x89PNG"  # the run's curves (trl_rpg.plots)
+    assert (out / "rpg_curves.png").read_bytes()[:4] == b"\x89PNG"  # the run's curves (trl_rpg.evaluation.plots)
     # no launcher noise: accelerate gets the values it would otherwise announce, and no deprecated transformers
     # argument is set by trl-rpg or warned about from TRL's own calls (_compat.TRL_INTERNAL_DEPRECATIONS)
     assert "were not passed to `accelerate launch`" not in proc.stderr

@@ -16,7 +16,7 @@ from _tiny import console_script as _console_script
 from _tiny import save_tiny_model
 
 from trl_rpg import cli
-from trl_rpg.reward_calls import checked_reward_function
+from trl_rpg.run.reward_calls import checked_reward_function
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -73,7 +73,7 @@ def test_every_way_a_cli_run_ends_goes_through_trainer_end(tiny, ends, monkeypat
     """Success, an error raised in training, Ctrl-C: `trainer.end()` once each (training itself is replaced, the
     trainer is real); the error and the interruption are the last line, with their exit status. The error line also
     goes to the error file torchrun gives a training process, for the launcher to print last."""
-    from trl_rpg.trainer import RPGTrainer
+    from trl_rpg.trainers.trainer import RPGTrainer
 
     root, model, data = tiny
     error_file = root / "torchelastic-error.json"
@@ -128,7 +128,7 @@ def _load_rpg_math():
 
 
 def test_every_way_an_example_run_ends_goes_through_trainer_end(tiny, ends, monkeypatch):
-    from trl_rpg.trainer import RPGTrainer
+    from trl_rpg.trainers.trainer import RPGTrainer
 
     root, model, data = tiny
     example = _load_rpg_math()
@@ -241,7 +241,7 @@ def test_an_error_raised_in_training_is_the_last_line_printed_with_the_reward_fu
 def test_train_evaluates_on_the_test_split_and_passes_model_init_kwargs(tmp_path, monkeypatch):
     """A folder data set with train and test files: training on `train`, evaluation on `test` (never on the train
     split); `--model_init_kwargs` reach the model's `from_pretrained` beside ModelConfig's settings."""
-    import trl_rpg.trainer
+    import trl_rpg.trainers.trainer
 
     folder = tmp_path / "data"
     folder.mkdir()
@@ -263,7 +263,7 @@ def test_train_evaluates_on_the_test_split_and_passes_model_init_kwargs(tmp_path
         self.seen = {"args": args, "eval_dataset": eval_dataset}
         raise Stop(self)
 
-    monkeypatch.setattr(trl_rpg.trainer.RPGTrainer, "__init__", recorded)
+    monkeypatch.setattr(trl_rpg.trainers.trainer.RPGTrainer, "__init__", recorded)
     with pytest.raises(Stop) as stopped:
         cli.train(*parsed, setup=setup)
     seen = stopped.value.args[0].seen

@@ -7,7 +7,7 @@ from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 from trl import GRPOTrainer
 
 from trl_rpg import RPGConfig, RPGTrainer, _compat
-from trl_rpg.batch import KNOWN_FIELDS
+from trl_rpg.run.batch import KNOWN_FIELDS
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_the_generation_batch_has_the_layout_dynamic_sampling_and_checkpoints_as
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     assert set(_compat.GENERATION_BATCH_FIELDS) <= set(batch), sorted(batch)
     unknown = set(batch) - set(KNOWN_FIELDS) - {"rpg_ref_version"}
-    assert not unknown, f"fields trl_rpg.batch does not know how to regroup: {sorted(unknown)}"
+    assert not unknown, f"fields trl_rpg.run.batch does not know how to regroup: {sorted(unknown)}"
 
 
 def test_missing_internals_names_what_is_missing():

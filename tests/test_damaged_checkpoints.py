@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_rpg import checkpoint as ckpt
-from trl_rpg.checkpoint import CheckpointError, files
+from trl_rpg.run import checkpoint as ckpt
+from trl_rpg.run.checkpoint import CheckpointError, files
 
 STATE = {"reference_version": 0, "reference_updates": 0, "kl_ema": None, "skipped_steps": 0}
 
@@ -163,7 +163,7 @@ def test_a_crash_after_the_manifest_leaves_a_checkpoint_that_resumes_naming_the_
     run = _run()
     folder = _checkpoint(tmp_path / "run" / "checkpoint-2", run=run)
     ckpt.write_json_atomic(os.path.join(folder, ckpt.WRITING_FILE), {"step": 2, "run_id": "run-a", "started_at": 1.0})
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.checkpoint"):
         assert _resume_true(tmp_path / "run", run) == folder
     assert "still holds its writing marker" in caplog.text and "after writing the manifest and before" in caplog.text
     # a marker of another save is not that crash: refused, named
@@ -221,7 +221,7 @@ def test_a_damaged_file_is_named_and_passed_over_by_resume_true(tmp_path, caplog
     with pytest.raises(CheckpointError) as error:
         ckpt.verify_checkpoint(damaged, run)
     assert said in str(error.value) and damaged in str(error.value), str(error.value)
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.checkpoint"):
         assert _resume_true(out, run) == previous
     assert f"Not resuming from {damaged}" in caplog.text
 
@@ -238,7 +238,7 @@ def test_a_nested_manifest_is_passed_over_and_listing_the_folder_survives_it(tmp
     os.makedirs(out / "checkpoint-4")
     (out / "checkpoint-4" / ckpt.MANIFEST_FILE).write_text(_nested())
     assert ckpt.run_of(str(out / "checkpoint-4")) == (None, 0.0)
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.checkpoint"):
         assert _resume_true(out, _run()) == previous
     assert "The completion marker is damaged" in caplog.text and "nested too deep" in caplog.text
 

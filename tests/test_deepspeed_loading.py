@@ -14,7 +14,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from trl_rpg import checkpoint as ckpt
+from trl_rpg.run import checkpoint as ckpt
 
 pytest.importorskip("deepspeed")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

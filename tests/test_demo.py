@@ -7,7 +7,7 @@ import time
 import pytest
 
 from trl_rpg import cli
-from trl_rpg.toy import demo
+from trl_rpg.cli import toy_demo as demo
 from trl_rpg.toy import task as toy_task
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -53,7 +53,7 @@ DOCS = ROOT / "docs" / "distributed.md"
 LOSS_RTOL, LOSS_ATOL = 1e-4, 1e-6  # per-step loss, distributed vs single process (measured: < 1e-7)
 PROBE_ATOL = 1e-5  # log-probs of the probe sequence (measured: < 5e-7)
 LAUNCH_TIMEOUT = 600
-# Under ZeRO-3 the trainer gathers parameters a bounded group at a time (trl_rpg.reference.ZERO3_GATHER_NUMEL
+# Under ZeRO-3 the trainer gathers parameters a bounded group at a time (trl_rpg.trainers.reference.ZERO3_GATHER_NUMEL
 # elements); the tiny model's largest parameter has 2048, so with 3000 reference updates, checkpoints and restores
 # go through many groups.
 ZERO3_GATHER_NUMEL = 3000
@@ -411,7 +411,7 @@ def tampered_copy(checkpoint: Path, destination: Path, marker: Path) -> Path:
     """A copy of `checkpoint` whose DeepSpeed model-state files (read by every rank on resume) hold a pickled payload
     that creates `marker` if it is ever unpickled, the manifest rewritten to match (as whoever hands out a checkpoint
     can do)."""
-    from trl_rpg.checkpoint import MANIFEST_FILE, file_record
+    from trl_rpg.run.checkpoint import MANIFEST_FILE, file_record
 
     shutil.copytree(checkpoint, destination)
     manifest = json.loads((destination / MANIFEST_FILE).read_text())
@@ -563,8 +563,7 @@ def test_zero_checkpoints_load_weights_only_and_refuse_a_resume_without_deepspee
     the learning-rate schedule) naming how to resume it."""
     from _resume_script import make_trainer
 
-    from trl_rpg import checkpoint as ckpt
-
+    from trl_rpg.run import checkpoint as ckpt
     for stage, launched in ((2, zero2), (3, zero3)):
         directory = launched["dir"] / "out" / "full" / "checkpoint-3"
         assert ckpt.read_manifest(str(directory))["run"]["deepspeed_zero_stage"] == stage
@@ -673,7 +672,7 @@ def test_zero3_initial_adaptive_and_sampling_references(zero3_modes):
 @distributed
 @needs_deepspeed
 def test_zero3_skips_a_step_whose_gradient_norm_is_not_finite(zero3_modes):
-    """What `trl_rpg/gradient_guard.py` documents: under DeepSpeed the guard stands aside and DeepSpeed itself skips a
+    """What `trl_rpg/run/gradient_guard.py` documents: under DeepSpeed the guard stands aside and DeepSpeed itself skips a
     step whose global gradient norm is not finite (here ZeRO-3 in fp32); the parameters do not move at that step and
     training goes on after it."""
     for rank in zero3_modes["ranks"]:

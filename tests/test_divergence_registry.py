@@ -19,8 +19,8 @@ import torch
 from _enumeration import grad_of, make_problem
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
-from trl_rpg import objectives
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, Divergence, get_divergence, register_divergence
+from trl_rpg.objectives import per_token as objectives
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, Divergence, get_divergence, register_divergence
 
 NAME = "chi2_test"
 BETA = 0.7

@@ -14,7 +14,7 @@ from _tiny import cpu_args, save_tiny_model, tiny_dataset
 from datasets import IterableDataset
 
 from trl_rpg import RPGConfig
-from trl_rpg import dynamic_sampling as ds
+from trl_rpg.dynamic_sampling import sampling as ds
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "dynamic"))
 from _helpers import RecordingTrainer, SubsetReward, group_rewards, is_constant_prompt, reward_lookup  # noqa: E402
@@ -563,18 +563,18 @@ def test_rounds_without_a_kept_group_warn(caplog):
     import logging
 
     generate, calls = scripted_generation(lambda k, j: 0.5)
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling.sampling"):
         scripted_sampler(max_rounds=40).collect(rows_of(0, 1), generate, {})
-    messages = [r.getMessage() for r in caplog.records if r.name == "trl_rpg.dynamic_sampling"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "trl_rpg.dynamic_sampling.sampling"]
     assert len(calls) == 40 and len(messages) == 3
     assert [m.split("the last ")[1].split(" ")[0] for m in messages] == ["8", "16", "32"]
     assert "dynamic_sampling_max_rounds=40" in messages[0] and "Check the reward functions" in messages[0]
     assert "the weighted total of the reward functions" in messages[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.dynamic_sampling.sampling"):
         scripted_sampler(max_rounds=8).collect(rows_of(0, 1), generate, {})  # the caller reports an exhausted batch
         # a kept group resets the count: 7 idle rounds, then signal, then 7 idle ones
         schedule = iter([0.5] * 7 * 2 * G + [0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0] + [0.5] * 7 * 2 * G)
         scripted_sampler(max_rounds=15).collect(rows_of(0, 1), scripted_generation(lambda k, j: next(schedule))[0],
                                                 {})
-    assert not [r for r in caplog.records if r.name == "trl_rpg.dynamic_sampling"]
+    assert not [r for r in caplog.records if r.name == "trl_rpg.dynamic_sampling.sampling"]

@@ -10,7 +10,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from test_readme_commands import first_bash_block
 
-from trl_rpg import cli, upgrade_guard
+from trl_rpg import cli
+from trl_rpg.upgrade import guard as upgrade_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from trl_rpg import evaluation
-from trl_rpg.evaluation import (
+from trl_rpg.evaluation import evaluate as evaluation
+from trl_rpg.evaluation.evaluate import (
     BENCHMARKS,
     evaluate_benchmarks,
     evaluate_model,

@@ -15,7 +15,7 @@ import string
 import pytest
 from _fake_vllm import installed
 
-from trl_rpg.evaluation import evaluate_model, load_benchmark
+from trl_rpg.evaluation.evaluate import evaluate_model, load_benchmark
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ def test_rpg_math_prepares_problem_answer_data_with_the_paper_prompt():
         m.prepare_math_dataset(Dataset.from_dict({"text": ["x"], "answer": ["1"]}))
 
     # the bundled evaluation files use the very same prompt
-    from trl_rpg.evaluation import load_benchmark
+    from trl_rpg.evaluation.evaluate import load_benchmark
 
     aime = load_benchmark("aime24")[0]
     problem = aime["extra_info"]["raw_problem"]

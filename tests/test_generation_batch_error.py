@@ -9,7 +9,7 @@ import pytest
 from trl import GRPOConfig
 
 from trl_rpg import RPGConfig
-from trl_rpg import config as config_module
+from trl_rpg.trainers import config as config_module
 
 
 def _config(cls, tmp_path, **kwargs):

@@ -10,7 +10,7 @@ from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 from transformers import TrainerCallback
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.gradient_guard import should_skip
+from trl_rpg.run.gradient_guard import should_skip
 
 
 @pytest.fixture(scope="module")

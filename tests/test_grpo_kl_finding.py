@@ -8,7 +8,7 @@ estimates; weighted by w (TRL's `use_bias_correction_kl`), it becomes the revers
 import torch
 from _enumeration import analytic_objective, grad_of, make_problem
 
-from trl_rpg.objectives import rpg_per_token_loss
+from trl_rpg.objectives.per_token import rpg_per_token_loss
 
 
 def k3(logp, logref):

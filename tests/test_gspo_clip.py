@@ -12,8 +12,8 @@ token, including tokens whose own w is inside the trust region. Written here fro
 import pytest
 import torch
 
-from trl_rpg.loss import sequence_level_logps
-from trl_rpg.objectives import DIVERGENCES, rpg_per_token_loss
+from trl_rpg.objectives.loss import sequence_level_logps
+from trl_rpg.objectives.per_token import DIVERGENCES, rpg_per_token_loss
 
 EPS_LOW, EPS_HIGH, C, BETA = 0.2, 0.28, 3.0, 0.5
 H = {"fkl": lambda r: 1 / r, "ufkl": lambda r: 1 / r - 1, "rkl": lambda r: -(r.log() + 1), "urkl": lambda r: -r.log()}

@@ -16,8 +16,8 @@ from _tiny import save_tiny_model
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from trl_rpg.checkpoint import MANIFEST_FILE
-from trl_rpg.hub_uploads import HubUploadError, upload_checkpoint
+from trl_rpg.run.checkpoint import MANIFEST_FILE
+from trl_rpg.run.hub_uploads import HubUploadError, upload_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_every_upload_failing_warns_with_the_cause_and_fails_the_runs_end(model_
     hub.fail = service_unavailable()
     out = tmp_path / "run"
     trainer = pushing_trainer(model_path, out, "checkpoint", max_steps=2)
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.hub_uploads"):
         with pytest.raises(HubUploadError) as error:
             trainer.train()
     message = str(error.value)
@@ -98,7 +98,7 @@ def test_slow_uploads_keep_their_checkpoint_and_the_hub_gets_the_last_one_manife
 
     trainer = pushing_trainer(model_path, out, "checkpoint", max_steps=3, save_total_limit=1)
     trainer.add_callback(Watch())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.hub_uploads"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.run.hub_uploads"):
         trainer.train()
     assert seen[3] == ["checkpoint-1", "checkpoint-2"] and seen["end"] == ["checkpoint-1", "checkpoint-3"]
     assert seen["commits"] == [] and "transformers skipped its upload while an earlier one was running" in caplog.text

@@ -9,7 +9,7 @@ from _tiny import cpu_args
 from trl import GRPOConfig
 
 from trl_rpg import RPGConfig
-from trl_rpg.upgrade_guard import GRPO_FIELDS
+from trl_rpg.upgrade.guard import GRPO_FIELDS
 
 IGNORED = [name for name, rule in GRPO_FIELDS.items() if rule.verdict == "ignored"]
 

@@ -1,4 +1,4 @@
-"""Unit tests of `trl_rpg.reward_calls` and `trl_rpg.validation` (no model, no training): reward wrappers keep the
+"""Unit tests of `trl_rpg.run.reward_calls` and `trl_rpg.trainers.validation` (no model, no training): reward wrappers keep the
 sync/async nature TRL detects, reward results are checked in float32 against a documented bound, failing reward
 functions are not called again, and data sets are checked (streaming first row, `content: None`, size, prompts that
 tokenize to nothing)."""
@@ -21,8 +21,8 @@ from trl.trainer.utils import RepeatSampler, get_callable_name, nanstd
 from trl.trainer.utils import is_async_callable as trl_is_async_callable
 
 from trl_rpg import RPGConfig
-from trl_rpg.reward_calls import FLOAT32_MAX, MAX_ABS_REWARD, check_rewards, checked_reward_function
-from trl_rpg.validation import (
+from trl_rpg.run.reward_calls import FLOAT32_MAX, MAX_ABS_REWARD, check_rewards, checked_reward_function
+from trl_rpg.trainers.validation import (
     minimum_train_prompts,
     validate_dataset_size,
     validate_tokenized_prompts,
@@ -379,7 +379,7 @@ def test_conversational_prompts_use_the_trainer_chat_template(hash_blind_tokeniz
 
 def test_tokenized_check_is_bounded_and_says_so(hash_blind_tokenizer, caplog):
     dataset = Dataset.from_dict({"prompt": ["1+1"] * 5 + ["###"]})
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.validation"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.validation"):
         validate_tokenized_prompts(dataset, hash_blind_tokenizer, max_rows=5)
     assert "checked the first 5 of the 6 prompts of `train_dataset`" in caplog.text
     with pytest.raises(ValueError, match="row 5"):

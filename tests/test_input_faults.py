@@ -13,7 +13,7 @@ from tokenizers import normalizers
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.reward_calls import MAX_ABS_REWARD
+from trl_rpg.run.reward_calls import MAX_ABS_REWARD
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from _enumeration import grad_of, make_problem
 from _tiny import cpu_args
 
 from trl_rpg import RPGConfig
-from trl_rpg.describe import CLIP_ONLY, EXACTLY_ZERO, describe_objective, inert_kl_effect, inert_kl_warning
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.trainers.describe import CLIP_ONLY, EXACTLY_ZERO, describe_objective, inert_kl_effect, inert_kl_warning
 
 LAYOUTS = {"sampler, on-policy": dict(rpg_generation_reuse=1),
            "refreshed every step": dict(rpg_reference="periodic", rpg_reference_update_steps=1)}

@@ -137,7 +137,7 @@ def test_where_dropout_acts_in_the_training_forward():
     from peft import get_peft_model
     from torch import nn
 
-    from trl_rpg.describe import training_dropout
+    from trl_rpg.trainers.describe import training_dropout
 
     model = tiny_model(tiny_tokenizer())
     assert training_dropout(model) == []

@@ -17,8 +17,8 @@ from _enumeration import analytic_objective, grad_of, make_problem
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.loss import sequence_level_logps
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.objectives.loss import sequence_level_logps
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
 
 PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
 BETA = 0.7

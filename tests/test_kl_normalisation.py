@@ -27,9 +27,9 @@ import torch
 from _tiny import cpu_args
 
 from trl_rpg import RPGConfig
-from trl_rpg.describe import LENGTH_BIAS, describe_objective, inert_kl_effect, inert_kl_warning
-from trl_rpg.loss import Aggregation, aggregate
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.objectives.loss import Aggregation, aggregate
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.trainers.describe import LENGTH_BIAS, describe_objective, inert_kl_effect, inert_kl_warning
 
 L, EOS, GROUP = 3, 2, 2
 LOSS_TYPES = ("dapo", "bnpo", "grpo", "dr_grpo")

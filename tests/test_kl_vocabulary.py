@@ -24,7 +24,7 @@ import pytest
 import torch
 from _enumeration import analytic_objective, grad_of, make_problem
 
-from trl_rpg.objectives import DIVERGENCES, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, rpg_per_token_loss
 
 
 def k3(log_y):

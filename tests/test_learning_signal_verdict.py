@@ -18,9 +18,14 @@ import torch
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 from trl import GRPOConfig
 
-import trl_rpg.trainer as trainer_module
+import trl_rpg.trainers.trainer as trainer_module
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.learning_signal import STEPS_WITH_SIGNAL, TRAINED_ON_NOTHING, TRAINED_ON_NOTHING_REASON, NoLearningSignal
+from trl_rpg.run.learning_signal import (
+    STEPS_WITH_SIGNAL,
+    TRAINED_ON_NOTHING,
+    TRAINED_ON_NOTHING_REASON,
+    NoLearningSignal,
+)
 
 ZERO_SPREAD = r"RPGTrainer: none of the (\d+) optimizer steps carried a learning signal \(\1 steps: zero reward spread"
 
@@ -47,7 +52,7 @@ def test_trl_reward_metric_test_trains_and_returns_with_the_verdict(tmp_path, mo
                       multi_objective_aggregation=aggregation, max_steps=3, use_cpu=True, bf16=False)
     trainer = RPGTrainer(model=model_path, reward_funcs=[constant_reward_1, constant_reward_0], args=args,
                          train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         output = trainer.train()
     assert abs(trainer.state.log_history[-1]["reward"] - 0.7) < 1e-5  # TRL's assertion
     warnings = [r.getMessage() for r in caplog.records if "carried a learning signal" in r.getMessage()]

@@ -94,7 +94,7 @@ def test_adaptive_entropy_controller_works_as_in_grpo(tmp_path, model_dir):
 def test_ratio_quantiles_are_nearest_rank_over_valid_tokens():
     import torch
 
-    from trl_rpg.objectives import rpg_per_token_loss
+    from trl_rpg.objectives.per_token import rpg_per_token_loss
 
     w = torch.arange(1, 202, dtype=torch.float64) / 100  # 0.01 .. 2.01, 201 tokens
     logp = w.log().reshape(1, -1)

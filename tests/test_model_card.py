@@ -10,7 +10,7 @@ from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 from huggingface_hub import ModelCard
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.model_card import markdown_text, python_string, rpg_settings
+from trl_rpg.trainers.model_card import markdown_text, python_string, rpg_settings
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,7 @@ def _card_args(tmp_path, **overrides):
 def test_hub_names_keep_their_links(model_path, tmp_path):
     """A Hub base model and data set are linked (and in the metadata), as TRL's card links them; anything
     `huggingface_hub.utils.validate_repo_id` refuses, a local path or a data file is not."""
-    from trl_rpg.model_card import hub_repo_id, render
+    from trl_rpg.trainers.model_card import hub_repo_id, render
 
     assert hub_repo_id("Qwen/Qwen3-1.7B") == "Qwen/Qwen3-1.7B" and hub_repo_id("gsm8k") == "gsm8k"
     assert hub_repo_id("data.parquet") is None and hub_repo_id("my data") is None and hub_repo_id(model_path) is None
@@ -212,7 +212,7 @@ def test_the_card_is_rpgs_own_and_keeps_what_trls_card_carries(model_path, tmp_p
         raise AssertionError("TRL's card renderer was called")
 
     monkeypatch.setattr(trl.trainer.base_trainer, "generate_model_card", no_trl_card)
-    monkeypatch.setattr("trl_rpg.model_card.tracker_urls", lambda: {"trackio": "https://me-space.hf.space?project=p"})
+    monkeypatch.setattr("trl_rpg.trainers.model_card.tracker_urls", lambda: {"trackio": "https://me-space.hf.space?project=p"})
     out = tmp_path / "own"
     trainer = _train(model_path, out)
     trainer.create_model_card(model_name="rpg-tiny", tags="my-tag")

@@ -11,8 +11,8 @@ import torch
 from _tiny import cpu_args
 
 from trl_rpg import RPGConfig, _compat
-from trl_rpg.hub_uploads import HubUploads, Upload, upload_checkpoint
-from trl_rpg.parameter_guard import NonFiniteParameters, ParameterGuard, local_parameters
+from trl_rpg.run.hub_uploads import HubUploads, Upload, upload_checkpoint
+from trl_rpg.run.parameter_guard import NonFiniteParameters, ParameterGuard, local_parameters
 from trl_rpg.smollm2 import prepare as prep
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -89,7 +89,7 @@ class SlowFuture:
 def test_the_final_upload_wait_is_bounded_in_all_not_per_upload(monkeypatch):
     """Three uploads of 6 s each, a bound of 10 s: the wait ends at 10 s (one done, one cut short), not at 18 s."""
     clock = [0.0]
-    monkeypatch.setattr("trl_rpg.hub_uploads.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("trl_rpg.run.hub_uploads.time.monotonic", lambda: clock[0])
     uploads = HubUploads(active=False, timeout=10.0)
     uploads.uploads = [Upload(f"checkpoint-{i}", i, "me/rpg", SlowFuture(clock, 6.0)) for i in (1, 2, 3)]
     uploads.finish(push=lambda folder: None)

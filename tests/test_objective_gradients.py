@@ -8,7 +8,7 @@ import pytest
 import torch
 from _enumeration import analytic_objective, grad_of, make_problem
 
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, OBJECTIVES, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, OBJECTIVES, rpg_per_token_loss
 
 PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
 BETA = 0.7  # large, so that a wrong KL term cannot hide behind the reward term

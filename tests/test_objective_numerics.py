@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, LOG_RATIO_BOUND, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, LOG_RATIO_BOUND, rpg_per_token_loss
 
 PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
 CLIPS = [{}, dict(epsilon_low=0.2, epsilon_high=0.28, dual_clip_c=10.0)]

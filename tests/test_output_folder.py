@@ -18,7 +18,7 @@ from _resume_script import make_trainer, verified_checkpoint
 from _tiny import save_tiny_model
 from transformers import TrainerCallback
 
-from trl_rpg import checkpoint as ckpt
+from trl_rpg.run import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 from transformers import TrainerCallback
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.checkpoint import LOCK_FILE, OutputDirBusy, output_dir_lock
-from trl_rpg.checkpoint import lock as output_lock
+from trl_rpg.run.checkpoint import LOCK_FILE, OutputDirBusy, output_dir_lock
+from trl_rpg.run.checkpoint import lock as output_lock
 
 
 @pytest.fixture

@@ -124,7 +124,7 @@ def test_citation_file_cites_the_paper_as_the_model_card_does_and_this_version()
     import yaml
 
     from trl_rpg import __version__
-    from trl_rpg.model_card import RPG_PAPER
+    from trl_rpg.trainers.model_card import RPG_PAPER
 
     cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
     paper = cff["preferred-citation"]

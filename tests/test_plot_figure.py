@@ -9,7 +9,7 @@ import matplotlib.figure
 import pytest
 
 from trl_rpg import cli
-from trl_rpg.plots import PLOT_FILE, _figure, _w_panel, batch_reuse, draw_run, w_ticks
+from trl_rpg.evaluation.plots import PLOT_FILE, _figure, _w_panel, batch_reuse, draw_run, w_ticks
 
 #: Four optimizer steps per generation batch, logged every 2 steps (the README's quick start): `num_tokens` is the
 #: batch's and stays put while the batch is reused; w is 1 on a fresh batch and moves off it while it is reused.

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from trl_rpg import cli, plots
+from trl_rpg import cli
+from trl_rpg.evaluation import plots
 
 STATE = {"global_step": 4, "log_history": [{"step": 4, "reward": 0.5}]}
 WHOLE = json.dumps(STATE)

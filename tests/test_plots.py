@@ -1,6 +1,6 @@
 """Issue 29 section 2: a training run leaves a picture of what matters for RPG (reward, divergence, the range of `w`,
 clip fractions) in its output_dir, and `trl-rpg plot PATH` draws it from any trainer_state.json: an output_dir, a
-checkpoint folder (of a running or finished run) or the file itself (`trl_rpg.plots`)."""
+checkpoint folder (of a running or finished run) or the file itself (`trl_rpg.evaluation.plots`)."""
 
 import json
 import logging
@@ -11,8 +11,8 @@ import pytest
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.plot_callback import RPGPlotCallback
-from trl_rpg.plots import PLOT_FILE, draw_run, find_trainer_state, plot_run
+from trl_rpg.evaluation.plot_callback import RPGPlotCallback
+from trl_rpg.evaluation.plots import PLOT_FILE, draw_run, find_trainer_state, plot_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 #: The lines and bands a picture of an RPG run with batch reuse shows (labels of its legends).

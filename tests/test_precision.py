@@ -9,7 +9,7 @@ import pytest
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.precision import MIXED_PRECISION_ENV, clash_warning, precision_clause
+from trl_rpg.trainers.precision import MIXED_PRECISION_ENV, clash_warning, precision_clause
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from _tiny import cpu_args
 
 from trl_rpg import RPGConfig, cli
-from trl_rpg.parameter_guard import DDP_TIMEOUT_RANGE
+from trl_rpg.run.parameter_guard import DDP_TIMEOUT_RANGE
 from trl_rpg.smollm2 import prepare as prep
 
 # ---------------------------------------------------------------------------------------------------------------------

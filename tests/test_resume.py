@@ -14,7 +14,7 @@ import torch
 from _resume_script import make_trainer
 from _tiny import save_tiny_model
 
-from trl_rpg.checkpoint import MANIFEST_FILE, IncompleteCheckpoint, last_complete_checkpoint
+from trl_rpg.run.checkpoint import MANIFEST_FILE, IncompleteCheckpoint, last_complete_checkpoint
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "_resume_script.py")
 

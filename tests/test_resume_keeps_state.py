@@ -16,7 +16,7 @@ import torch
 from _resume_script import make_trainer, verified_checkpoint
 from _tiny import save_tiny_model
 
-from trl_rpg import checkpoint as ckpt
+from trl_rpg.run import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trl_rpg.reward_calls import checked_reward_function
 from trl_rpg.rewards import completion_to_text, math_reward
+from trl_rpg.run.reward_calls import checked_reward_function
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_reward_functions_get_the_trainers_environments_themselves(func, timeout
 
 TIMED_OUT_CALL = r"""
 import threading
-from trl_rpg.reward_calls import checked_reward_function
+from trl_rpg.run.reward_calls import checked_reward_function
 
 def never_returns(completions, **kwargs):
     threading.Event().wait()

@@ -11,8 +11,8 @@ from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset, tiny_t
 from datasets import Dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.reward_calls import ScoringTally, checked_reward_function, private_copy
-from trl_rpg.validation import validate_tokenized_prompts, validate_train_dataset
+from trl_rpg.run.reward_calls import ScoringTally, checked_reward_function, private_copy
+from trl_rpg.trainers.validation import validate_tokenized_prompts, validate_train_dataset
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Issue 29 section 2: with RPG's `scale_rewards="none"` the advantages are `reward - group mean`, so a reward outside
 [0, 1] (a length, a count) scales the loss and gradient with it. The start-up line says so, and the trainer warns once
-when the first batch's median in-group reward std is far from 1 (`trl_rpg.reward_scale`); the usual reward kinds
+when the first batch's median in-group reward std is far from 1 (`trl_rpg.run.reward_scale`); the usual reward kinds
 (0/1 in groups of any size, +-1, scores in [0, 1], unscored rows, constant groups) never trigger it."""
 
 import logging
@@ -10,8 +10,8 @@ import torch
 from _tiny import cpu_args, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.describe import describe_objective
-from trl_rpg.reward_scale import HIGH, LOW, RewardScaleCheck, batch_reward_scale
+from trl_rpg.run.reward_scale import HIGH, LOW, RewardScaleCheck, batch_reward_scale
+from trl_rpg.trainers.describe import describe_objective
 
 WARNING = "RPGTrainer: the advantages are far from unit scale"
 ONE = torch.ones(1)

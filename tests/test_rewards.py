@@ -108,7 +108,7 @@ def test_extract_answer_last_committed_answer_wins(text, expected):
 
 
 def test_reported_case_scores_right_in_training_and_evaluation():
-    from trl_rpg.evaluation import score_completions
+    from trl_rpg.evaluation.evaluate import score_completions
 
     completion = "We need the answer: first compute x.\nx = 6, so the total is \\boxed{42}."
     assert math_reward([completion], ground_truth=["42"]) == [1.0]
@@ -462,7 +462,7 @@ def test_the_training_api_does_not_import_the_toy_task():
     import subprocess
     import sys
 
-    code = ("import sys, trl_rpg.rewards as r, trl_rpg.trainer, trl_rpg.evaluation; "
+    code = ("import sys, trl_rpg.rewards as r, trl_rpg.trainers.trainer, trl_rpg.evaluation.evaluate; "
             "assert 'toy_reward' not in r.REWARD_FUNCS, sorted(r.REWARD_FUNCS); "
             "import trl_rpg.cli; assert 'toy_reward' in r.REWARD_FUNCS; "
             "print('trl_rpg.toy' in sys.modules)")

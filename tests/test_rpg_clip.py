@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from trl_rpg.objectives import DIVERGENCES, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, rpg_per_token_loss
 
 EPS_LOW, EPS_HIGH, C = 0.2, 0.28, 3.0
 CLIP = dict(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, dual_clip_c=C)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from _enumeration import analytic_objective, grad_of, make_problem
 
-from trl_rpg.objectives import DIVERGENCES, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, rpg_per_token_loss
 
 EPS_LOW, EPS_HIGH = 0.2, 0.28  # the paper's trust region
 BETA = 0.5

@@ -47,12 +47,12 @@ def test_the_first_unscored_batch_warns_when_earlier_batches_were_scored(tmp_pat
             warned_at.append(reward.calls)
         return True
 
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
-        logging.getLogger("trl_rpg.trainer").addFilter(record)
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
+        logging.getLogger("trl_rpg.trainers.trainer").addFilter(record)
         try:
             trainer.train()  # batch 1 scored: the run trained on something
         finally:
-            logging.getLogger("trl_rpg.trainer").removeFilter(record)
+            logging.getLogger("trl_rpg.trainers.trainer").removeFilter(record)
     assert reward.calls == 3
     assert warned_at == [2]  # once, at batch 2
 

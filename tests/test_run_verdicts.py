@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_rpg import learning_signal as ls
-from trl_rpg import plots
-from trl_rpg.describe import batch_layout
-from trl_rpg.objectives import rpg_per_token_loss
-from trl_rpg.reward_calls import checked_reward_function
-from trl_rpg.reward_scale import RewardScaleCheck, batch_reward_scale
+from trl_rpg.evaluation import plots
+from trl_rpg.objectives.per_token import rpg_per_token_loss
+from trl_rpg.run import learning_signal as ls
+from trl_rpg.run.reward_calls import checked_reward_function
+from trl_rpg.run.reward_scale import RewardScaleCheck, batch_reward_scale
+from trl_rpg.trainers.describe import batch_layout
 
 _SIGNAL = ls.BatchFacts(groups=2, groups_with_spread=2, tokens=16, tokens_with_advantage=16)
 
@@ -113,15 +113,14 @@ def test_a_lower_clip_width_of_one_means_no_lower_clip_not_a_math_error():
 
 def test_a_picture_that_fails_to_draw_does_not_end_the_run(tmp_path, monkeypatch, caplog):
     """Any error while drawing (matplotlib's own, not only a file error) is logged; training goes on."""
-    from trl_rpg import plot_callback
-
+    from trl_rpg.evaluation import plot_callback
     def broken(*args, **kwargs):
         raise ValueError("Image size of 700x9999999 pixels is too large")
 
     monkeypatch.setattr(plot_callback, "draw_run", broken)
     callback = plot_callback.RPGPlotCallback()
     state = SimpleNamespace(is_world_process_zero=True, global_step=3, log_history=[])
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.plot_callback"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.evaluation.plot_callback"):
         callback.on_save(SimpleNamespace(output_dir=str(tmp_path)), state, None)
     assert "could not draw" in caplog.text and "ValueError: Image size" in caplog.text
     assert callback.drawn_at is None

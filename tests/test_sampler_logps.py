@@ -34,9 +34,9 @@ from _fake_vllm import engine_of, installed, rewrite_outputs, served
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.describe import describe_objective
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
-from trl_rpg.sampler_logps import ENGINE_KEY, MalformedEngineOutput, SamplerLogps, checked_output
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.trainers.describe import describe_objective
+from trl_rpg.trainers.sampler_logps import ENGINE_KEY, MalformedEngineOutput, SamplerLogps, checked_output
 
 KERNEL_MISMATCH_ENV = "FAKE_VLLM_KERNEL_MISMATCH"  # tests/vllm_stub/vllm/__init__.py
 #: "engine" against "recompute" with an engine whose log-probs are the trainer's (float noise of two forward passes,
@@ -339,7 +339,7 @@ def test_a_logprob_above_0_is_excluded_the_rest_trains(fake_vllm, model_dir, tmp
 
 def test_rounding_above_0_is_a_logprob_beyond_it_is_not_and_each_kind_is_warned_once(caplog):
     """Up to LOGPROB_ROUNDING above 0 is float rounding of a near-certain token (kept); beyond it, not a log-prob."""
-    from trl_rpg.sampler_logps import LOGPROB_ROUNDING
+    from trl_rpg.trainers.sampler_logps import LOGPROB_ROUNDING
 
     warned = set()
     logprobs = [[[-0.1], [LOGPROB_ROUNDING], [0.0], [2 * LOGPROB_ROUNDING], [7.5], [math.nan]]]
@@ -356,7 +356,7 @@ def test_the_mismatch_kl_reads_log_w_with_its_sign():
     """`rpg/sampler_mismatch_kl` is k3 = w - 1 - log w with log w = log pi_old - log mu: with log w = +0.5 at both
     tokens it is e^0.5 - 1.5 = 0.1487; flipping the sign of log w gives e^-0.5 - 0.5 = 0.1065 (the mean and max of
     |log w| cannot tell)."""
-    from trl_rpg.sampler_logps import mismatch_metrics
+    from trl_rpg.trainers.sampler_logps import mismatch_metrics
 
     logps, sampler = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -2.5]])
     metrics = mismatch_metrics(logps, sampler, torch.ones(1, 2), lambda t: t)
@@ -503,7 +503,7 @@ def test_the_sampler_settings_table_is_the_code_and_the_docs():
     """Every setting the code checks has a case above and a row in docs/math.md section 4c (and the reverse)."""
     from pathlib import Path
 
-    from trl_rpg.sampler_logps import SAMPLER_SETTINGS
+    from trl_rpg.trainers.sampler_logps import SAMPLER_SETTINGS
 
     assert set(SAMPLER_SETTINGS) == {c[0] for c in SAMPLER_SETTINGS_CASES} == set(NEUTRAL) - {"temperature"}
     text = (Path(__file__).resolve().parents[1] / "docs" / "math.md").read_text()

@@ -5,7 +5,9 @@ import ast
 from pathlib import Path
 
 import trl_rpg
-from trl_rpg import RPGTrainer, upgrade_check, upgrade_guard
+from trl_rpg import RPGTrainer
+from trl_rpg.upgrade import guard as upgrade_guard
+from trl_rpg.upgrade import self_check as upgrade_check
 
 
 def _imported_modules(path: Path) -> set[str]:

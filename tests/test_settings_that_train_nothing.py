@@ -12,10 +12,10 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.config import MIN_CLIP_WIDTH
-from trl_rpg.learning_signal import SKIPPED, ZERO_GRADIENT, ZERO_SPREAD, BatchFacts, SignalTally
-from trl_rpg.objectives import rpg_per_token_loss
+from trl_rpg.objectives.per_token import rpg_per_token_loss
 from trl_rpg.rewards import math_reward
+from trl_rpg.run.learning_signal import SKIPPED, ZERO_GRADIENT, ZERO_SPREAD, BatchFacts, SignalTally
+from trl_rpg.trainers.config import MIN_CLIP_WIDTH
 
 
 @pytest.fixture(scope="module")

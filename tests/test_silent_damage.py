@@ -17,10 +17,11 @@ import torch
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 from trl import GRPOConfig
 
-from trl_rpg import RPGConfig, RPGTrainer, checkpoint, cli
-from trl_rpg.describe import batch_layout, describe_objective, off_policy_micro_batches
-from trl_rpg.parameter_guard import NonFiniteParameters, first_non_finite
-from trl_rpg.reward_calls import checked_reward_function
+from trl_rpg import RPGConfig, RPGTrainer, cli
+from trl_rpg.run import checkpoint
+from trl_rpg.run.parameter_guard import NonFiniteParameters, first_non_finite
+from trl_rpg.run.reward_calls import checked_reward_function
+from trl_rpg.trainers.describe import batch_layout, describe_objective, off_policy_micro_batches
 
 
 @pytest.fixture(scope="module")

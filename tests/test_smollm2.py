@@ -340,7 +340,7 @@ def test_two_lora_steps_train_the_adapters_only_and_save_a_checkpoint_and_card(t
     assert (checkpoint / "adapter_model.safetensors").is_file()
     assert (checkpoint / "rpg_checkpoint_complete.json").is_file()
     card = (out / "README.md").read_text()  # RPG's card, written with the checkpoint
-    from trl_rpg.model_card import markdown_text
+    from trl_rpg.trainers.model_card import markdown_text
 
     assert f"the local model {markdown_text(trained['base'].config._name_or_path)}" in card, card
     assert "SmolLM2-135M-Instruct-Q4_1](https://huggingface.co" not in card
@@ -361,7 +361,7 @@ def test_the_untrained_model_answers_as_the_registrys_file_does(trained):
 def test_evaluation_on_the_bundled_aime_and_amc_files_runs_and_scores(trained):
     """`evaluate_benchmarks` on the trained adapter: one problem of each bundled benchmark, greedy, 4 tokens (that it
     runs through the real template and scores, not that a 135M model solves AIME)."""
-    from trl_rpg.evaluation import evaluate_benchmarks
+    from trl_rpg.evaluation.evaluate import evaluate_benchmarks
 
     trainer = trained["trainer"]
     results = evaluate_benchmarks(trainer.model, trainer.processing_class, max_new_tokens=4, num_samples=1,
@@ -443,8 +443,7 @@ def test_demo_command_runs_the_real_model_demo_with_its_options(monkeypatch, tmp
     """`trl-rpg demo --model smollm2` calls the real-model demo with its options; the toy's options are refused with
     it (and its own with the toy)."""
     from trl_rpg import cli
-    from trl_rpg.smollm2 import demo
-
+    from trl_rpg.cli import smollm2_demo as demo
     seen = {}
 
     def fake(**kwargs):
@@ -472,7 +471,7 @@ def test_the_real_model_demo_raises_held_out_accuracy(request, tmp_path):
     points required here (measured seed 0: 11.7% -> 86.7%, greedy 80.0% -> 96.7%); a run that does not learn gains
     about 0. About 8 minutes on 2 cores."""
     heavy(request)
-    from trl_rpg.smollm2.demo import run_smollm2_demo
+    from trl_rpg.cli.smollm2_demo import run_smollm2_demo
 
     result = run_smollm2_demo(str(tmp_path / "demo"), seed=0, verbose=False)
     assert result["after"]["sampled"] - result["before"]["sampled"] >= 0.2, result

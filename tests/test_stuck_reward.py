@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from _tiny import console_script, save_tiny_model
 
-from trl_rpg.reward_exits import StuckRewardWatchdog
+from trl_rpg.run.reward_exits import StuckRewardWatchdog
 
 STUCK_REWARD = textwrap.dedent("""
     import os

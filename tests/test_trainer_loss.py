@@ -5,7 +5,7 @@ import torch
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
 
 from trl_rpg import RPGConfig, RPGTrainer
-from trl_rpg.objectives import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
+from trl_rpg.objectives.per_token import DIVERGENCES, ESTIMATORS, rpg_per_token_loss
 
 PAIRS = [(d, e) for d in DIVERGENCES for e in ESTIMATORS]
 

@@ -2,7 +2,7 @@
 verdict at the end: an error with `rpg_require_learning_signal=True`, as these tests set it; the default's warning
 and metrics: tests/test_learning_signal_verdict.py), no optimizer step carrying a learning signal (a constant
 reward, greedy sampling, every step skipped, every completion masked: a warning after 3 such steps, then the verdict
-at the end; see `trl_rpg.learning_signal`), reward-model scores that would overflow TRL's std (an error at once), a
+at the end; see `trl_rpg.run.learning_signal`), reward-model scores that would overflow TRL's std (an error at once), a
 configuration with no training step (an error naming the field), no optimizer step taken (the verdict); a resume
 from a checkpoint already at the last step says what happens (a warning)."""
 
@@ -31,7 +31,7 @@ def test_a_run_with_no_scored_reward_fails_after_one_warning(tmp_path, model_pat
     args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=2,  # 2 generation batches
                                 rpg_require_learning_signal=True))
     trainer = RPGTrainer(model=model_path, reward_funcs=unscored, args=args, train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         with pytest.raises(RuntimeError, match=r"none of the 2 training batches had a single scored reward.*"
                                                r"trained on nothing.*\['unscored'\].*\['prompt'\]"):
             trainer.train()
@@ -48,7 +48,7 @@ def test_a_run_with_some_unscored_batches_warns_once_and_trains(tmp_path, model_
     args = RPGConfig(**cpu_args(tmp_path, max_steps=6, steps_per_generation=2))  # 3 generation batches
     trainer = RPGTrainer(model=model_path, reward_funcs=scored_after_first_batch, args=args,
                          train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         trainer.train()
     assert len(calls) == 3 and trainer.state.global_step == 6
     assert sum(WARNING in r.getMessage() for r in caplog.records) == 1
@@ -85,7 +85,7 @@ def test_resuming_a_finished_run_says_that_transformers_takes_one_more_step(tmp_
     args = RPGConfig(**cpu_args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2))
     RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset()).train()
     trainer = RPGTrainer(model=model_path, reward_funcs=digit_reward, args=args, train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 3
     assert any("is already at step 2 (max_steps=2); transformers' Trainer still takes one more optimizer step"
@@ -107,7 +107,7 @@ def train_without_signal(trainer, caplog, error: str):
     """Train with `rpg_require_learning_signal=True`; the run must log the no-signal warning once and raise `error`
     (a regex) at the end."""
     trainer.args.rpg_require_learning_signal = True
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         with pytest.raises(RuntimeError, match=error):
             trainer.train()
     assert trainer.state.global_step == trainer.args.max_steps  # it ran to the end, then failed
@@ -153,7 +153,7 @@ def test_a_run_with_signal_in_some_steps_trains(tmp_path, model_path, caplog):
     args = RPGConfig(**cpu_args(tmp_path, max_steps=4, steps_per_generation=1))  # a new batch every step
     trainer = RPGTrainer(model=model_path, reward_funcs=constant_then_informative, args=args,
                          train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         trainer.train()  # step 4 carried signal
     assert sum(NO_SIGNAL in r.getMessage() for r in caplog.records) == 1  # after steps 1-3
     assert trainer.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 4, "steps_with_signal": 1}
@@ -195,7 +195,7 @@ def test_a_resumed_run_that_had_signal_before_its_checkpoint_does_not_fail(tmp_p
     first.add_callback(StopAt(2))
     first.train()  # step 1 carried signal, step 2 none; checkpoint-2
     resumed = RPGTrainer(model=model_path, reward_funcs=constant_reward, args=args, train_dataset=tiny_dataset())
-    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainer"):
+    with caplog.at_level(logging.WARNING, logger="trl_rpg.trainers.trainer"):
         resumed.train(resume_from_checkpoint=True)  # steps 3-5: none
     assert resumed.state.stateful_callbacks["RPGLearningSignal"] == {"steps": 5, "steps_with_signal": 1}
     assert sum(NO_SIGNAL in r.getMessage() for r in caplog.records) == 1

@@ -21,10 +21,11 @@ import pytest
 from _trl_patches import PR_5413, PR_7188, patched_class, patched_copy
 from trl import GRPOTrainer
 
-from trl_rpg import upgrade_guard, upgrade_verdict
-from trl_rpg.trainer import RPGTrainer
-from trl_rpg.upgrade_check import PROPERTIES, CheckContext
-from trl_rpg.upgrade_verdict import run_properties
+from trl_rpg.trainers.trainer import RPGTrainer
+from trl_rpg.upgrade import guard as upgrade_guard
+from trl_rpg.upgrade import verdict as upgrade_verdict
+from trl_rpg.upgrade.self_check import PROPERTIES, CheckContext
+from trl_rpg.upgrade.verdict import run_properties
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "_unreviewed_trl_script.py"
@@ -101,7 +102,7 @@ def test_a_copy_of_trl_changed_as_prs_5413_and_7188_is_refused_naming_each_prope
                         "1.18.0.dev0")
     request = json.dumps({"properties": [[p.name, p.why, p.target] for p in _properties("generation_batch",
                                                                                          "grpo_kl_term")]})
-    done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade_verdict"], input=request, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade.verdict"], input=request, capture_output=True,
                           text=True, env=_environment(site, tmp_path), timeout=900)
     line = [x for x in done.stdout.splitlines() if x.startswith(upgrade_verdict.RESULT_PREFIX)][-1]
     results = {r["name"]: r for r in json.loads(line[len(upgrade_verdict.RESULT_PREFIX):])["results"]}
@@ -132,7 +133,7 @@ def test_the_maintainer_script_lists_the_changed_method_with_its_diff_and_the_ne
     assert f"### GRPOTrainer._compute_loss: digest {digest} -> " in report
     assert "-    coef_1 = torch.exp(log_importance_weights)\n+    coef_1 = log_importance_weights.exp()  # reworded" \
         in report
-    assert "### config fields to classify (1): trl_rpg/grpo_fields.py\n- kl_log_ratio_clip = None: A new option." \
+    assert "### config fields to classify (1): trl_rpg/upgrade/grpo_fields.py\n- kl_log_ratio_clip = None: A new option." \
         in report
 
 

@@ -10,8 +10,9 @@ import pytest
 import trl
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_rpg import RPGConfig, RPGTrainer, _compat, upgrade_guard
-from trl_rpg.upgrade_guard import GRPO_FIELDS, REVIEWED_METHODS, VERDICTS, UnreviewedUpgrade
+from trl_rpg import RPGConfig, RPGTrainer, _compat
+from trl_rpg.upgrade import guard as upgrade_guard
+from trl_rpg.upgrade.guard import GRPO_FIELDS, REVIEWED_METHODS, VERDICTS, UnreviewedUpgrade
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,7 @@ def test_the_table_says_what_rpg_does():
 
 def test_the_readme_drop_in_section_holds_the_table_and_docs_every_row():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert upgrade_guard.drop_in_table() in readme, "regenerate it: python -c 'from trl_rpg import upgrade_guard; " \
+    assert upgrade_guard.drop_in_table() in readme, "regenerate it: python -c 'from trl_rpg.upgrade import guard as upgrade_guard; " \
                                                     "print(upgrade_guard.drop_in_table())'"
     docs = (ROOT / "docs" / "drop-in.md").read_text(encoding="utf-8")
     assert upgrade_guard.full_table() in docs

@@ -5,7 +5,7 @@ code, and a reviewed method that a TRL release removed is reported, not skipped.
 import pytest
 from trl import GRPOTrainer
 
-from trl_rpg import upgrade_guard
+from trl_rpg.upgrade import guard as upgrade_guard
 
 
 def _with_a_hash_in_a_string(x):
@@ -40,6 +40,6 @@ def test_a_reviewed_method_that_trl_removed_is_reported(monkeypatch):
     assert upgrade_guard.changed_methods(owners) == ["GRPOTrainer._compute_loss (no longer exists)"]
     monkeypatch.delenv(upgrade_guard.ALLOW_ENV, raising=False)
     monkeypatch.setattr(upgrade_guard, "_owners", lambda: owners)
-    monkeypatch.setattr("trl_rpg.upgrade_verdict.verdict", lambda *a, **k: pytest.fail("no self-check for it"))
+    monkeypatch.setattr("trl_rpg.upgrade.verdict.verdict", lambda *a, **k: pytest.fail("no self-check for it"))
     with pytest.raises(upgrade_guard.UnreviewedUpgrade, match=r"GRPOTrainer\._compute_loss \(no longer exists\)"):
         upgrade_guard.check()

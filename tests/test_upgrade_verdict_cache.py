@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_rpg import upgrade_check, upgrade_guard, upgrade_verdict
-from trl_rpg.upgrade_check import PROPERTIES, CheckContext
+from trl_rpg.upgrade import guard as upgrade_guard
+from trl_rpg.upgrade import self_check as upgrade_check
+from trl_rpg.upgrade import verdict as upgrade_verdict
+from trl_rpg.upgrade.self_check import PROPERTIES, CheckContext
 
 NAMES = [p.name for p in PROPERTIES["RPGTrainer"]]
 

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from trl_rpg import checkpoint as ckpt
 from trl_rpg import cli
 from trl_rpg.cli import launcher
+from trl_rpg.run import checkpoint as ckpt
 
 _BASE = ["train", "--output_dir", "o", "--use_cpu", "True", "--bf16", "False"]
 
@@ -70,7 +70,7 @@ def test_a_reward_model_on_the_command_line_is_handed_to_the_trainer(tmp_path):
 def test_a_local_folder_named_like_a_hub_id_is_not_linked_to_the_hub(tmp_path, monkeypatch):
     """A model trained from `./qwen-sft` records `qwen-sft` as its name: the card names the local model, it does
     not link https://huggingface.co/qwen-sft (someone else's repository, or none)."""
-    from trl_rpg.model_card import hub_repo_id
+    from trl_rpg.trainers.model_card import hub_repo_id
 
     monkeypatch.chdir(tmp_path)
     assert hub_repo_id("qwen-sft") == "qwen-sft"  # no such folder: a Hub id

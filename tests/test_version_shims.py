@@ -8,9 +8,9 @@ import warnings
 import pytest
 
 from trl_rpg import RPGConfig, RPGTrainer, _compat
-from trl_rpg.smollm2.demo import smollm2_config_kwargs
+from trl_rpg.cli.smollm2_demo import smollm2_config_kwargs
+from trl_rpg.cli.toy_demo import demo_config_kwargs
 from trl_rpg.toy.build import RECOMMENDED_RL_ARGS
-from trl_rpg.toy.demo import demo_config_kwargs
 
 
 def _built_without_future_warnings(**kwargs) -> RPGConfig:

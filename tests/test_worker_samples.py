@@ -1,4 +1,4 @@
-"""What the rollout worker of `AsyncRPGTrainer` sends is checked as it arrives (`trl_rpg.worker_samples`): a sample
+"""What the rollout worker of `AsyncRPGTrainer` sends is checked as it arrives (`trl_rpg.trainers.worker_samples`): a sample
 with a bad value is named (worker, field, value), excluded and counted; a malformed one ends the run naming it; a
 worker whose every sample is unusable (excluded or too stale) stops the run instead of hanging; the learning-signal
 verdict counts only the tokens that trained. On CPU with the stand-in worker (`trl_rpg.toy.async_rollouts`), a
@@ -21,7 +21,7 @@ from trl.experimental.async_grpo.async_rollout_worker import RolloutSample  # no
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
-from trl_rpg.worker_samples import (  # noqa: E402
+from trl_rpg.trainers.worker_samples import (  # noqa: E402
     CheckedRollouts,
     MalformedRolloutSample,
     NoUsableSamples,

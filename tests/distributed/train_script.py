@@ -5,7 +5,7 @@ Usage: `python train_script.py SPEC.json` (or `accelerate launch ... train_scrip
     model_dir      local model directory (tests/_tiny.py `save_tiny_model`)
     output_dir     trainer output directory
     result         path of the JSON result file; each rank writes `<result>.rank<R>.json`
-    gather_numel   optional: trl_rpg.reference.ZERO3_GATHER_NUMEL (elements gathered at once under ZeRO-3)
+    gather_numel   optional: trl_rpg.trainers.reference.ZERO3_GATHER_NUMEL (elements gathered at once under ZeRO-3)
     runs           list of runs trained one after the other in this process; each run is a dict with
         name                 key of the run in the result file
         peft                 train a LoRA adapter instead of the full model
@@ -213,9 +213,9 @@ def main():
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     if spec.get("gather_numel"):
-        import trl_rpg.reference
+        import trl_rpg.trainers.reference
 
-        trl_rpg.reference.ZERO3_GATHER_NUMEL = spec["gather_numel"]
+        trl_rpg.trainers.reference.ZERO3_GATHER_NUMEL = spec["gather_numel"]
     results = {}
     for run in spec["runs"]:
         results[run["name"]] = run_one(spec, run, spec["model_dir"])

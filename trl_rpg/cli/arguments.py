@@ -76,7 +76,7 @@ _TRAIN_USAGE = "{prog} [launcher options] [training arguments]"
 def make_train_parser(prog: str = "trl-rpg train"):
     from trl import DatasetMixtureConfig, ModelConfig, TrlParser
 
-    from ..config import RPGConfig
+    from ..trainers.config import RPGConfig
 
     usage = _TRAIN_USAGE.format(prog=prog) if prog.startswith("trl-rpg") else f"{prog} [training arguments]"
     # allow_abbrev=False: `--max_step 2` is an unknown argument, not `--max_steps 2` (argparse's prefix matching)
@@ -150,7 +150,7 @@ def train_help_sections(parser) -> list[tuple[str, list]]:
 
     from trl import DatasetMixtureConfig, ModelConfig
 
-    from ..config import RPGConfig
+    from ..trainers.config import RPGConfig
 
     rpg = set(vars(RPGConfig).get("__annotations__", {}))
     script = {f.name for f in fields(RPGScriptArguments)} | {f.name for f in fields(DatasetMixtureConfig)}

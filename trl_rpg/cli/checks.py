@@ -1,7 +1,7 @@
 """The checks of what a run trains on, made before anything is launched or loaded (the model path, the checkpoint to
 resume from, the columns the reward functions read). `trl-rpg train` makes them before launching; each training
 process makes them again. (A new run in an `output_dir` that holds checkpoints is warned about by the trainer:
-`trl_rpg.checkpoint.runs`.)"""
+`trl_rpg.run.checkpoint.runs`.)"""
 
 from __future__ import annotations
 
@@ -39,7 +39,10 @@ def check_resume_path(value, output_dir: str | None = None) -> None:
                                 "checkpoint of --output_dir.")
     if resume is not True or output_dir is None:
         return
-    from ..checkpoint import checkpoint_folders, is_complete  # lazy: the checkpoint package imports TRL's model code
+    from ..run.checkpoint import (  # lazy: the checkpoint package imports TRL's model code
+        checkpoint_folders,
+        is_complete,
+    )
 
     folders = checkpoint_folders(output_dir)
     if any(is_complete(folder) for folder in folders):
@@ -66,7 +69,7 @@ def check_local_data_columns(script_args, max_completion_length: int, batch_layo
     if script_args.dataset_train_split in dataset:
         check_training_columns(funcs, dataset[script_args.dataset_train_split].column_names)
         if batch_layout is not None:
-            from ..validation import validate_dataset_size  # lazy: it imports TRL's trainer utilities
+            from ..trainers.validation import validate_dataset_size  # lazy: it imports TRL's trainer utilities
 
             validate_dataset_size(dataset[script_args.dataset_train_split], batch_layout)
 

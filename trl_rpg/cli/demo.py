@@ -1,5 +1,5 @@
-"""`trl-rpg demo`: its arguments, and the demo run: the bundled toy (`trl_rpg.toy.demo`, the default) or a real model,
-SmolLM2-135M-Instruct (`--model smollm2`: `trl_rpg.smollm2.demo`)."""
+"""`trl-rpg demo`: its arguments, and the demo run: the bundled toy (`trl_rpg.cli.toy_demo`, the default) or a real model,
+SmolLM2-135M-Instruct (`--model smollm2`: `trl_rpg.cli.smollm2_demo`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import argparse
 
 
 def make_demo_parser(prog: str = "trl-rpg demo") -> argparse.ArgumentParser:
-    from ..objectives import DIVERGENCES, ESTIMATORS
-    from ..smollm2.demo import SMOL_DEMO_MAX_STEPS
-    from ..toy.async_demo import ASYNC_DEMO_STALENESS, QUICK
-    from ..toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
+    from ..objectives.per_token import DIVERGENCES, ESTIMATORS
     from ..toy.task import DEFAULT_SFT_STEPS
+    from .async_toy_demo import ASYNC_DEMO_STALENESS, QUICK
+    from .smollm2_demo import SMOL_DEMO_MAX_STEPS
+    from .toy_demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS
 
     parser = argparse.ArgumentParser(
         prog=prog, allow_abbrev=False,
@@ -79,8 +79,8 @@ def run_demo_command(argv: list[str]) -> int:
                      + (" without --async" if set(given) & {"--staleness", "--quick"} else ""))
     if args.model == "smollm2":
         return _run_smollm2(args, overrides)
-    from ..toy.demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS, run_demo
     from ..toy.task import DEFAULT_SFT_STEPS
+    from .toy_demo import DEMO_EVAL_EVERY, DEMO_MAX_STEPS, run_demo
 
     result = run_demo(output_dir=args.output_dir or "rpg-demo", seed=args.seed,
                       max_steps=DEMO_MAX_STEPS if args.max_steps is None else args.max_steps,
@@ -93,8 +93,8 @@ def run_demo_command(argv: list[str]) -> int:
 def _run_smollm2(args, overrides) -> int:
     import sys
 
-    from ..smollm2.demo import SMOL_DEMO_MAX_STEPS, run_smollm2_demo
     from ..smollm2.prepare import SmolLM2Unavailable
+    from .smollm2_demo import SMOL_DEMO_MAX_STEPS, run_smollm2_demo
 
     try:
         result = run_smollm2_demo(output_dir=args.output_dir or "rpg-demo-smollm2", seed=args.seed,
@@ -107,12 +107,12 @@ def _run_smollm2(args, overrides) -> int:
 
 
 def _run_async(args, overrides) -> int:
-    """`trl-rpg demo --async`: AsyncRPG against AsyncGRPO (`trl_rpg.toy.async_demo`); exits 0 when both ran (it
+    """`trl-rpg demo --async`: AsyncRPG against AsyncGRPO (`trl_rpg.cli.async_toy_demo`); exits 0 when both ran (it
     compares, it does not require either to win)."""
     import importlib.util
     import sys
 
-    from ..toy.async_demo import (
+    from .async_toy_demo import (
         ASYNC_DEMO_EVAL_PROBLEMS,
         ASYNC_DEMO_MAX_STEPS,
         ASYNC_DEMO_STALENESS,

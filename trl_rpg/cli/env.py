@@ -3,7 +3,7 @@ and transformers versions it was reviewed against, and the upgrade check's verdi
 
 Versions are read from the installed packages' metadata (vLLM and DeepSpeed are not imported); torch is imported
 to name the accelerators. On a TRL other than the reviewed one the verdict may run the upgrade self-check (seconds,
-once per installed version: `trl_rpg.upgrade_verdict`).
+once per installed version: `trl_rpg.upgrade.verdict`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def accelerate_config() -> str:
 def environment() -> dict[str, str]:
     """The report's lines, in order."""
     from .. import __version__
-    from ..upgrade_guard import REVIEWED_VERSIONS, status
+    from ..upgrade.guard import REVIEWED_VERSIONS, status
 
     info = {"Platform": platform.platform(), "Python version": platform.python_version(),
             "trl-rpg version": __version__}

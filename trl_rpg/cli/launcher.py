@@ -15,8 +15,8 @@ import warnings
 
 from trl.cli.commands.training import _subtract_subsequence as subtract_subsequence  # TRL's, for `trl <command>`
 
-from ..checkpoint.lock import OutputDirBusy
-from ..validation import check_output_dir_free
+from ..run.checkpoint.lock import OutputDirBusy
+from ..trainers.validation import check_output_dir_free
 from .arguments import (
     _is_number,
     _launcher_flags,

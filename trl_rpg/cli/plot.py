@@ -1,4 +1,4 @@
-"""`trl-rpg plot PATH`: draw a run's curves (`trl_rpg.plots`) from its trainer_state.json."""
+"""`trl-rpg plot PATH`: draw a run's curves (`trl_rpg.evaluation.plots`) from its trainer_state.json."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def make_plot_parser(prog: str = "trl-rpg plot") -> argparse.ArgumentParser:
 
 
 def run_plot_command(argv: list[str], prog: str = "trl-rpg plot") -> int:
-    from ..plots import plot_run
+    from ..evaluation.plots import plot_run
     from .arguments import USAGE_ERROR
 
     args = make_plot_parser(prog).parse_args(argv)

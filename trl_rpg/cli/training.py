@@ -11,8 +11,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..checkpoint.lock import OutputDirBusy
-from ..validation import check_output_dir_free
+from ..run.checkpoint.lock import OutputDirBusy
+from ..trainers.validation import check_output_dir_free
 from .arguments import (
     _parser_flags,
     _unknown_arguments_message,
@@ -71,8 +71,8 @@ def train(script_args, training_args, model_args, dataset_args=None, setup: Trai
     trackers, destroy the process group) however the run ends; returns the trainer."""
     from trl import get_peft_config, get_quantization_config
 
-    from ..plot_callback import RPGPlotCallback
-    from ..trainer import RPGTrainer
+    from ..evaluation.plot_callback import RPGPlotCallback
+    from ..trainers.trainer import RPGTrainer
 
     setup = setup or prepare_training(script_args, training_args, model_args, dataset_args)
     model_init_kwargs = {"revision": model_args.model_revision, "trust_remote_code": training_args.trust_remote_code,
@@ -151,7 +151,7 @@ def report_training_error(prog: str, error: BaseException) -> int:
     """An error raised while training: its traceback, then `prog: error: Type: message` (on one line, on every
     process that raised it) as the last thing printed; returns exit status 1. A designed stop (`NoLearningSignal`,
     the verdict on a run that trained on nothing) prints its line only: no traceback points at a bug."""
-    from ..learning_signal import NoLearningSignal
+    from ..run.learning_signal import NoLearningSignal
 
     sys.stdout.flush()
     if not isinstance(error, NoLearningSignal):

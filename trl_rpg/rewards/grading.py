@@ -1,5 +1,5 @@
 """Grading an answer: the one scoring rule shared by the training reward (:func:`trl_rpg.rewards.math_reward`) and
-the benchmark evaluation (:mod:`trl_rpg.evaluation`), built from three modules of one job each:
+the benchmark evaluation (:mod:`trl_rpg.evaluation.evaluate`), built from three modules of one job each:
 
 * :mod:`trl_rpg.rewards.extraction` -- :func:`extract_answer`: the last answer a completion commits to (an ``Answer:``
   line or a ``\\boxed{}``).
@@ -118,5 +118,5 @@ def score_answer(answer: str | None, reference: Any) -> float | None:
 def score_completion(completion: Any, reference: Any) -> float | None:
     """Score a completion (a string or a conversational message list): :func:`extract_answer` of its text, then
     :func:`score_answer`.  This is the rule of both the training reward :func:`math_reward` and the benchmark
-    evaluation (:mod:`trl_rpg.evaluation`)."""
+    evaluation (:mod:`trl_rpg.evaluation.evaluate`)."""
     return score_answer(extract_answer(completion_to_text(completion)), reference)

@@ -43,7 +43,7 @@ REWARD_FUNCS: dict[str, RewardEntry] = {}
 
 def register_reward(name: str, *, columns: Sequence[str] = (), help: str = ""):
     """Decorator registering a reward-function builder under ``name`` (the style of
-    :func:`trl_rpg.objectives.register_objective`).  The builder is called with the run's settings as keyword
+    :func:`trl_rpg.objectives.per_token.register_objective`).  The builder is called with the run's settings as keyword
     arguments and returns the reward callable."""
 
     def decorator(build):

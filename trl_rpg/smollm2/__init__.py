@@ -5,7 +5,7 @@ not part of the training API (docs/smollm2.md).
   smollm2``); ``gguf`` (``pip install 'trl-rpg[smollm2]'``) is imported only there, when preparing.
 * :mod:`trl_rpg.smollm2.task` -- single-digit addition through the model's chat template, its reward and held-out
   evaluation.
-* :mod:`trl_rpg.smollm2.demo` -- ``trl-rpg demo --model smollm2`` (imports the trainer: not imported here).
+* :mod:`trl_rpg.cli.smollm2_demo` -- ``trl-rpg demo --model smollm2`` (imports the trainer: not imported here).
 """
 
 from .prepare import (

@@ -93,7 +93,7 @@ def evaluate(model, tokenizer, dataset, *, samples: int = 0, temperature: float 
     """Held-out accuracy: ``greedy`` (one greedy reply per problem) and, with ``samples > 0``, ``sampled`` (the mean
     reward of ``samples`` replies per problem at ``temperature``), with :func:`arithmetic_reward`'s rule (a reply cut
     off at :data:`MAX_COMPLETION_LENGTH` tokens scores 0)."""
-    from trl_rpg.evaluation import generate_completions
+    from trl_rpg.evaluation.evaluate import generate_completions
 
     prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
                for p in dataset["prompt"]]

@@ -4,7 +4,7 @@ A character-level tokenizer and a tiny Qwen2 model built on the spot (nothing is
 arithmetic with a verifiable reward, a short supervised warm-up, and the demo that trains the result with
 `RPGTrainer` on CPU. The demo, the tests, the benchmarks and `scripts/gpu_check.py` use it; `trl-rpg train
 --reward_funcs toy_reward` reaches `toy_reward` through the reward registry. The task itself is `trl_rpg.toy.task`
-(every public name of the toy's modules), the demo `trl_rpg.toy.demo`.
+(every public name of the toy's modules), the demo `trl_rpg.cli.toy_demo`.
 
 The CPU stand-ins for the vLLM side of TRL's asynchronous trainer (`trl_rpg.toy.async_rollouts`; they need
 `requests`, in the `demo` extra): `StaleRolloutWorker` (rollout worker and weight transfer), `VarlenAttention` (the
@@ -21,7 +21,7 @@ __all__ = ["StaleRolloutWorker", "VarlenAttention", "async_trainer_on_cpu", "bui
 def __getattr__(name):
     # The demo pulls in the trainer (TRL); import it lazily so that `trl_rpg.toy` stays light. So the stand-ins.
     if name == "run_demo":
-        from .demo import run_demo
+        from ..cli.toy_demo import run_demo
 
         return run_demo
     if name in ("StaleRolloutWorker", "VarlenAttention"):

@@ -30,8 +30,8 @@ def generate_completions(
     temperature: float = 1.0,
 ) -> list[str]:
     """Decode one completion per prompt of ``dataset`` (greedy, or sampled at ``temperature``); special tokens are
-    stripped. The generation loop is :func:`trl_rpg.evaluation.generate_completions`."""
-    from trl_rpg.evaluation import generate_completions as generate
+    stripped. The generation loop is :func:`trl_rpg.evaluation.evaluate.generate_completions`."""
+    from trl_rpg.evaluation.evaluate import generate_completions as generate
 
     return generate(model, tokenizer, _prompt_strings(tokenizer, dataset), max_new_tokens=max_new_tokens,
                     temperature=0.0 if greedy else temperature, batch_size=batch_size).texts

@@ -18,7 +18,7 @@ Everything is built locally (nothing is downloaded):
   only partially right and RL with a verifiable reward has something to fix. A plain torch loop rather than TRL's
   ``SFTTrainer``, which was measured slower on this task (docs/benchmarks.md, "The toy task").
 * :func:`evaluate_accuracy` -- held-out accuracy by (greedy) generation; :func:`generate_completions` (the generation
-  loop is :func:`trl_rpg.evaluation.generate_completions`).
+  loop is :func:`trl_rpg.evaluation.evaluate.generate_completions`).
 * :func:`build_toy_model` -- tokenizer + model + warm-up in one deterministic, optionally cached call.
 * :data:`RECOMMENDED_RL_ARGS` -- ``GRPOConfig`` keyword arguments that were measured to work on this task on CPU,
   and the ``EVAL_*`` constants for the held-out evaluation.
