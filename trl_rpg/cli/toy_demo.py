@@ -8,7 +8,7 @@ generation batch reused). Held-out accuracy (greedy decoding, problems never see
 during and after. Outputs, in `output_dir`: the trained model and tokenizer, `curves.png` (reward and accuracy over
 steps), `metrics.json` and a model card.
 
-    >>> from trl_rpg.toy import run_demo
+    >>> from trl_rpg.cli.toy_demo import run_demo
     >>> result = run_demo("rpg-demo")  # doctest: +SKIP
     >>> result["accuracy_before"], result["accuracy_after"]  # doctest: +SKIP
 """
@@ -198,7 +198,7 @@ def complete_demo_card(path: str, load_as: str, args, *, seed: int, n_params: in
         f"is right\": estimator `{args.rpg_estimator}`, divergence `{args.rpg_divergence}`, beta {args.beta}, "
         f"reference `{args.rpg_reference}`, {args.num_generations} completions per prompt at temperature "
         f"{args.temperature}, each generation batch reused for {reuse} optimizer steps, learning rate "
-        f"{args.learning_rate}, seed {seed}. Made by `trl-rpg demo` (`trl_rpg.toy.run_demo`); "
+        f"{args.learning_rate}, seed {seed}. Made by `trl-rpg demo` (`trl_rpg.cli.toy_demo.run_demo`); "
         "`curves.png` shows the training reward and the held-out accuracy over the steps.")
     results = (
         f"## Results\n\nHeld-out accuracy (greedy decoding, {num_eval_problems} problems never seen in training): "

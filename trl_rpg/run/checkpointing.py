@@ -19,7 +19,6 @@ from collections.abc import Callable
 from accelerate.utils import gather_object
 
 from .. import _compat
-from ..trainers.reference import MOVING
 from . import checkpoint
 from .hub_uploads import HubUploadError, HubUploads
 
@@ -136,7 +135,7 @@ def save_files(output_dir: str, args, acc, reference, step: int, buffered_inputs
     id `run`."""
     buffer = buffered_inputs if args.rpg_save_generation_buffer else None
     own = checkpoint.save_generation_buffer(output_dir, acc.process_index, step, buffer)
-    if args.rpg_reference in MOVING:
+    if reference.moving:
         snapshot = reference.snapshot(keep=args.should_save)  # a collective call under ZeRO-3
         if args.should_save:
             checkpoint.save_reference(output_dir, snapshot)
@@ -174,7 +173,7 @@ def restore(resume_from: str, args, acc, reference, pad_token_id: int) -> tuple[
     state = checkpoint.load_state(resume_from)
     reference.load_state_dict(state)
     skipped_steps = int(state.get("skipped_steps", 0))
-    if args.rpg_reference in MOVING:
+    if reference.moving:
         reference.restore(checkpoint.load_reference(resume_from))
     step, buffered_inputs = checkpoint.restore_buffers(resume_from, acc.num_processes, args.steps_per_generation,
                                                        acc.process_index, pad_token_id, acc.device)

@@ -1,10 +1,13 @@
-"""The bundled toy task and the `trl-rpg demo`: not part of the training API.
+"""The bundled toy task: not part of the training API.
 
 A character-level tokenizer and a tiny Qwen2 model built on the spot (nothing is downloaded), chained single-digit
-arithmetic with a verifiable reward, a short supervised warm-up, and the demo that trains the result with
-`RPGTrainer` on CPU. The demo, the tests, the benchmarks and `scripts/gpu_check.py` use it; `trl-rpg train
---reward_funcs toy_reward` reaches `toy_reward` through the reward registry. The task itself is `trl_rpg.toy.task`
-(every public name of the toy's modules), the demo `trl_rpg.cli.toy_demo`.
+arithmetic with a verifiable reward and a short supervised warm-up. The demo (`trl_rpg.cli.toy_demo`, `trl-rpg
+demo`), the upgrade self-check's tiny model, the tests, the benchmarks and `scripts/gpu_check.py` use it; `trl-rpg
+train --reward_funcs toy_reward` reaches `toy_reward` through the reward registry. The task itself is
+`trl_rpg.toy.task` (every public name of the toy's modules).
+
+May import: `trl_rpg._compat` (lazily), torch, transformers, tokenizers; never a trainer (the upgrade check, below
+the trainers, builds its model here).
 
 The CPU stand-ins for the vLLM side of TRL's asynchronous trainer (`trl_rpg.toy.async_rollouts`; they need
 `requests`, in the `demo` extra): `StaleRolloutWorker` (rollout worker and weight transfer), `VarlenAttention` (the
@@ -15,15 +18,11 @@ FA3 varlen kernel), installed with `async_trainer_on_cpu(VarlenAttention)`, with
 from .task import build_model, build_tokenizer, build_toy_model, evaluate_accuracy, make_dataset, toy_reward
 
 __all__ = ["StaleRolloutWorker", "VarlenAttention", "async_trainer_on_cpu", "build_model", "build_tokenizer",
-           "build_toy_model", "evaluate_accuracy", "make_dataset", "run_demo", "toy_reward"]
+           "build_toy_model", "evaluate_accuracy", "make_dataset", "toy_reward"]
 
 
 def __getattr__(name):
-    # The demo pulls in the trainer (TRL); import it lazily so that `trl_rpg.toy` stays light. So the stand-ins.
-    if name == "run_demo":
-        from ..cli.toy_demo import run_demo
-
-        return run_demo
+    # The stand-ins need `requests`: imported when asked for.
     if name in ("StaleRolloutWorker", "VarlenAttention"):
         from . import async_rollouts
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from .describe import truncated_sampling
-from .sampler_logps import SAMPLER_SETTINGS, server_obstacle
+from .sampler_logps import SAMPLER_SETTINGS, server_obstacle, truncated_sampling
 
 #: Generation kwargs that cut or reweight what the server samples: the synchronous trainer's table
 #: (`sampler_logps.SAMPLER_SETTINGS`: `min_tokens`, `bad_words`, `allowed_token_ids`, guided decoding, `logit_bias`,
@@ -44,7 +43,7 @@ class SamplerVerdict:
 
 
 def support_cuts(args) -> list[str]:
-    """The settings, as `name=value`, that cut the sampler's support (`describe.truncated_sampling`, on the fields an
+    """The settings, as `name=value`, that cut the sampler's support (`sampler_logps.truncated_sampling`, on the fields an
     `AsyncGRPOConfig` has, and the support-restricting generation kwargs if a `generation_kwargs` field exists)."""
     kwargs = getattr(args, "generation_kwargs", None) or {}
     view = SimpleNamespace(generation_kwargs=kwargs, top_p=getattr(args, "top_p", 1.0),

@@ -77,6 +77,9 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "rpg", "async-rpg"]
     _name = "AsyncRPG"
+    #: The config this trainer takes: the upgrade self-check builds it from the class it is handed (trl_rpg.upgrade
+    #: never imports a trainer).
+    config_class: ClassVar[type] = AsyncRPGConfig
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):

@@ -17,6 +17,7 @@ from torch import nn
 from ..objectives.per_token import get_divergence
 from ..run.reward_scale import startup_note
 from ..upgrade.grpo_fields import GRPO_FIELDS
+from .sampler_logps import engine_obstacles, truncated_sampling
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,6 @@ def engine_is_mu(args, sampler=None) -> bool:
     config alone (a server's reported log-prob mode, known only to the trainer, may still make it recompute)."""
     if sampler is not None:
         return sampler.mode == "engine"
-    from .sampler_logps import engine_obstacles  # which imports this module
 
     return bool(args.use_vllm) and args.rpg_sampler_logps != "recompute" and not engine_obstacles(args)
 
@@ -243,16 +243,6 @@ def dropout_warning(args, sampler, model) -> str | None:
     if inert_kl_effect(args, sampler, bool(where)) != DROPOUT:
         return None
     return inert_kl_warning(args, sampler, where).replace("RPGConfig:", "RPGTrainer:", 1)
-
-
-def truncated_sampling(args) -> list[str]:
-    """The sampling settings, as `name=value`, that truncate the sampler's support: `top_p < 1`, `top_k > 0`,
-    `min_p > 0` (a `generation_kwargs` entry overrides the field, as it does in TRL)."""
-    kwargs = args.generation_kwargs or {}
-    top_p, top_k, min_p = (kwargs.get(name, getattr(args, name)) for name in ("top_p", "top_k", "min_p"))
-    cuts = (("top_p", top_p, top_p is not None and top_p < 1), ("top_k", top_k, top_k is not None and top_k > 0),
-            ("min_p", min_p, bool(min_p)))
-    return [f"{name}={value}" for name, value, cut in cuts if cut]
 
 
 def truncated_sampling_warning(args) -> str | None:
@@ -413,4 +403,4 @@ __all__ = ["CLIP_ONLY", "DROPOUT", "EXACTLY_ZERO", "LENGTH_BIAS", "MISMATCH", "Z
            "batch_layout", "clip_text", "describe_async_objective", "describe_objective", "dropout_matters",
            "dropout_warning", "engine_is_mu", "ignored_fields_warning", "inert_kl_effect", "inert_kl_reason",
            "inert_kl_warning", "kl_term_is_inert", "objective_text", "off_policy_micro_batches", "sampler_clause",
-           "training_dropout", "truncated_sampling", "truncated_sampling_warning"]
+           "training_dropout", "truncated_sampling_warning"]

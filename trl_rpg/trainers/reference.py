@@ -144,6 +144,11 @@ class ReferencePolicy:
     # -- which parameters hold it ---------------------------------------------------------------------------------
 
     @property
+    def moving(self) -> bool:
+        """Whether the reference moves during the run (its snapshot is part of a checkpoint)."""
+        return self.schedule in MOVING
+
+    @property
     def _policy(self) -> nn.Module:
         return self.trainer.accelerator.unwrap_model(self.trainer.model)
 

@@ -34,19 +34,27 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .describe import truncated_sampling
-
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "engine", "recompute")
 #: Key of a generation batch whose mu is the engine's; its 0-dim value is the optimizer step it was generated at.
 ENGINE_KEY = "rpg_engine_logps_step"
 PROCESSED = "processed_logprobs"
-#: Generation settings, besides truncated sampling (`describe.truncated_sampling`), that make the sampler differ
+#: Generation settings, besides truncated sampling (`truncated_sampling`), that make the sampler differ
 #: from the policy: each cuts the tokens vLLM may sample (`CUTS`) or reweights them (`REWEIGHTS`) unless its value is
 #: neutral. A `generation_kwargs` entry (passed to vLLM's `SamplingParams`) overrides the config field of the same
 #: name, as in TRL. docs/math.md section 4c lists them with their verdict; `engine_obstacles` names each one set.
 CUTS, REWEIGHTS = "cuts the sampler's support", "reweights the sampler's distribution"
+
+
+def truncated_sampling(args) -> list[str]:
+    """The sampling settings, as `name=value`, that truncate the sampler's support: `top_p < 1`, `top_k > 0`,
+    `min_p > 0` (a `generation_kwargs` entry overrides the field, as it does in TRL)."""
+    kwargs = args.generation_kwargs or {}
+    top_p, top_k, min_p = (kwargs.get(name, getattr(args, name)) for name in ("top_p", "top_k", "min_p"))
+    cuts = (("top_p", top_p, top_p is not None and top_p < 1), ("top_k", top_k, top_k is not None and top_k > 0),
+            ("min_p", min_p, bool(min_p)))
+    return [f"{name}={value}" for name, value, cut in cuts if cut]
 
 
 def _off(value) -> bool:
@@ -361,4 +369,4 @@ def mismatch_metrics(logps: torch.Tensor, sampler: torch.Tensor, mask: torch.Ten
 __all__ = ["CUTS", "ENGINE_KEY", "LOGPROB_ROUNDING", "MISMATCH_METRICS", "MODES", "REWEIGHTS", "SAMPLER_SETTINGS",
            "MalformedEngineOutput", "SamplerLogps", "at_sampling_policy", "check_config", "checked_output",
            "engine_name", "engine_obstacles", "mismatch_metrics", "mu", "sampler_settings", "server_obstacle",
-           "server_url", "trained_tokens"]
+           "server_url", "trained_tokens", "truncated_sampling"]

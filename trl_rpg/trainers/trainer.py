@@ -72,6 +72,9 @@ class RPGTrainer(GRPOTrainer):
 
     _tag_names: ClassVar[list[str]] = ["trl", "rpg"]
     _name = "RPG"
+    #: The config this trainer takes: the upgrade self-check builds it from the class it is handed (trl_rpg.upgrade
+    #: never imports a trainer).
+    config_class: ClassVar[type] = RPGConfig
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
     if not _compat.TRAINER_HAS_END:  # transformers < 5.18: `trainer.end()` as on later versions
         end = _compat.trainer_end

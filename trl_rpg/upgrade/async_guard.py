@@ -1,6 +1,6 @@
 """The upgrade guard of `AsyncRPGTrainer` (`trl.experimental.async_grpo`): the reviewed code of every method of TRL's
 asynchronous trainer it overrides or relies on, and the verdict on every `AsyncGRPOConfig` field
-(`trl_rpg.trainers.async_config.ASYNC_FIELDS`). Built on `trl_rpg.upgrade.guard`'s digests; imported only when an
+(`trl_rpg.upgrade.async_fields.ASYNC_FIELDS`). Built on `trl_rpg.upgrade.guard`'s digests; imported only when an
 `AsyncRPGTrainer` is built, so `RPGTrainer` never imports TRL's experimental API. A TRL whose async methods changed
 runs the behavioural self-check (`async_upgrade_check`, registered with `upgrade_guard.register_review` and
 `upgrade_check.register_properties`, its verdict cached per installed version by `upgrade_verdict`), as `RPGTrainer`
@@ -14,6 +14,7 @@ import os
 import warnings
 
 from . import self_check as upgrade_check
+from .async_fields import ASYNC_FIELDS
 from .guard import (
     ALLOW_ENV,
     GONE,
@@ -95,11 +96,11 @@ def _async_owners() -> dict:
 def register() -> None:
     """Register the review (the current `ASYNC_REVIEWED_METHODS`) and its self-check properties
     (`async_upgrade_check.ASYNC_PROPERTIES`) with the synchronous trainer's machinery."""
-    from ..trainers.async_config import ASYNC_FIELDS
     from .async_self_check import ASYNC_PROPERTIES
 
     register_review(REVIEW, Review("trl_rpg.trainers.async_trainer:AsyncRPGTrainer", "AsyncGRPOTrainer", "AsyncGRPOConfig",
-                                   ASYNC_REVIEWED_METHODS, ASYNC_FIELDS, REVIEWED_VERSIONS), ASYNC_OWNERS)
+                                   ASYNC_REVIEWED_METHODS, ASYNC_FIELDS, REVIEWED_VERSIONS, registered_by=__name__),
+                    ASYNC_OWNERS)
     if REVIEW not in upgrade_check.PROPERTIES:
         upgrade_check.register_properties(REVIEW, *ASYNC_PROPERTIES)
 
@@ -113,7 +114,7 @@ def async_text(message: str) -> str:
         ("these GRPOConfig fields are not classified by RPG", "these AsyncGRPOConfig fields are not classified by "
                                                              "AsyncRPGTrainer"),
         ("trl_rpg.upgrade.guard.GRPO_FIELDS, the table of the README's drop-in section",
-         "trl_rpg.trainers.async_config.ASYNC_FIELDS"),
+         "trl_rpg.upgrade.async_fields.ASYNC_FIELDS"),
         ("new GRPOConfig fields", "new AsyncGRPOConfig fields"),
         ("trl_rpg/trainers/trainer.py and trl_rpg/trainers/config.py", ASYNC_FILES[0]),
         ("trl_rpg/upgrade/guard.py and run tests/test_upgrade_guard.py", f"{ASYNC_FILES[1]} and run {ASYNC_FILES[2]}"),
@@ -128,11 +129,10 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
     (`ASYNC_REVIEWED_METHODS`) runs the behavioural self-check (`async_upgrade_check`, in a fresh process, cached per
     installed version by `upgrade_verdict`): passed, one warning and the trainer trains; failed (or a method gone, or
     replaced in this process), `UnreviewedUpgrade` naming what failed and the async files to review. An
-    `AsyncGRPOConfig` field not classified in `trl_rpg.trainers.async_config.ASYNC_FIELDS` is refused without a self-check.
+    `AsyncGRPOConfig` field not classified in `trl_rpg.upgrade.async_fields.ASYNC_FIELDS` is refused without a self-check.
     With `TRL_RPG_ALLOW_UNREVIEWED=1` a refusal is a warning. Returns the changes found."""
     from importlib.metadata import version
 
-    from ..trainers.async_config import ASYNC_FIELDS
     from . import verdict as upgrade_verdict
 
     if config_class is None:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import reviews
 from .self_check import MIN_MOVEMENT, PARAM_ATOL, CheckContext, Property
 
 GENERATIONS, LENGTH, STEPS = 4, 6, 2
@@ -40,11 +41,10 @@ def _classes(ctx: CheckContext) -> dict:
     from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout, RolloutQueueDataset
     from trl.experimental.async_grpo.packing import TreeRow
 
-    from ..trainers.async_trainer import AsyncRPGTrainer
-
+    rpg_class = ctx.rpg_class or reviews.reviewed_class("AsyncRPGTrainer")  # handed in, never imported here
     return {"AsyncGRPOTrainer": AsyncGRPOTrainer, "AsyncGRPOConfig": AsyncGRPOConfig, "TreeRow": TreeRow,
             "DataCollatorForRollout": DataCollatorForRollout, "RolloutQueueDataset": RolloutQueueDataset,
-            "AsyncRPGTrainer": AsyncRPGTrainer, **ctx.memo.get("async_classes", {})}
+            "AsyncRPGTrainer": rpg_class, **ctx.memo.get("async_classes", {})}
 
 
 def _sample(prompt: list[int], completion: list[int], advantage: float, version: int = 0, group: int = 0) -> dict:
@@ -161,8 +161,6 @@ def _run(ctx: CheckContext, name: str) -> dict:
 
     from .._compat import async_trainer_on_cpu
     from ..toy.async_rollouts import StaleRolloutWorker, VarlenAttention
-    from ..trainers.async_config import AsyncRPGConfig
-
     classes, path = _classes(ctx), _model_dir(ctx)
     tokenizer = AutoTokenizer.from_pretrained(path)
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in PROMPTS]})
@@ -174,7 +172,7 @@ def _run(ctx: CheckContext, name: str) -> dict:
                     max_grad_norm=0.0, max_staleness=4, token_budget=0, use_cpu=True, bf16=False, report_to="none",
                     save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True, epsilon=0.2, epsilon_high=0.2)
     if name == "AsyncRPGTrainer":
-        args = AsyncRPGConfig(**settings, beta=0.0, rpg_estimator="differentiable", rpg_dual_clip_c=None)
+        args = classes["AsyncRPGTrainer"].config_class(**settings, beta=0.0, rpg_estimator="differentiable", rpg_dual_clip_c=None)
     else:
         args = classes["AsyncGRPOConfig"](**settings)
     after: dict[int, dict] = {}
@@ -242,4 +240,3 @@ ASYNC_PROPERTIES: tuple[Property, ...] = (
 __all__ = ["ASYNC_PROPERTIES", "async_batch_fields", "async_reduction", "async_staleness_filter",
            "async_weight_sync"]
 
-from . import async_guard as async_upgrade_guard  # noqa: E402,F401 - registers the review (the verdict's own process reads it)

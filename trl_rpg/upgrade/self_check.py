@@ -191,9 +191,7 @@ def _train(ctx: CheckContext, key: str, base: type, args, resume_from=None) -> d
 
 
 def _rpg_run(ctx: CheckContext) -> dict:
-    from ..trainers.config import RPGConfig
-
-    args = RPGConfig(**_rpg_settings(ctx.workdir, "rpg", save_strategy="steps", save_steps=1))
+    args = ctx.rpg_class.config_class(**_rpg_settings(ctx.workdir, "rpg", save_strategy="steps", save_steps=1))
     return _train(ctx, "rpg", ctx.rpg_class, args)
 
 
@@ -394,14 +392,12 @@ def checkpoint_resume(ctx: CheckContext) -> str | None:
     """TRL calls `_save_checkpoint` after each saved optimizer step, `_load_optimizer_and_scheduler` once with the
     checkpoint before the first micro-batch of a resumed run, and uses the generation buffer RPG restores there: a
     run resumed in the middle of a reused generation batch trains to the uninterrupted run's parameters."""
-    from ..trainers.config import RPGConfig
-
     run = _rpg_run(ctx)
     saves = [step for event, step in run["events"] if event == "save"]
     if saves != [1, 2]:
         return f"_save_checkpoint was called at steps {saves}, not after each saved optimizer step [1, 2]"
     checkpoint = str(Path(run["output_dir"]) / "checkpoint-1")
-    args = RPGConfig(**_rpg_settings(ctx.workdir, "rpg", save_strategy="no"))
+    args = ctx.rpg_class.config_class(**_rpg_settings(ctx.workdir, "rpg", save_strategy="no"))
     resumed = _train(ctx, "resumed", ctx.rpg_class, args, resume_from=checkpoint)
     events = resumed["events"]
     loads = [i for i, (event, value) in enumerate(events) if event == "load" and value == checkpoint]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from . import reviews
 from . import self_check as upgrade_check
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,9 @@ def _child_environment() -> dict[str, str]:
 
 def run_check(review: str, properties) -> tuple[Verdict, dict[str, str]]:
     """Run the properties in a fresh process: the verdict, and the digests of the reviewed methods it saw."""
-    request = json.dumps({"review": review, "properties": [[p.name, p.why, p.target] for p in properties]})
+    spec = reviews.REVIEWS.get(review)
+    request = json.dumps({"review": review, "properties": [[p.name, p.why, p.target] for p in properties],
+                          "registered_by": spec.registered_by if spec is not None else None})
     start = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "trl_rpg.upgrade.verdict"], input=request, capture_output=True,
@@ -273,10 +276,9 @@ def verdict(review: str, digests: dict[str, str], fields: list[str]) -> Verdict:
 def run_properties(properties, context=None, review: str = "RPGTrainer") -> list[dict]:
     """Each property's result: `{"name", "passed", "detail"}` (an exception is a failure, with where it was
     raised). Without `context`, the trainer checked is the class that `review`'s `Review.trainer` names."""
-    from . import guard as upgrade_guard
     results = []
     with tempfile.TemporaryDirectory(prefix="trl-rpg-self-check-") as workdir:
-        context = context or upgrade_check.default_context(workdir, upgrade_guard.reviewed_class(review))
+        context = context or upgrade_check.default_context(workdir, reviews.reviewed_class(review))
         context.workdir = workdir
         for prop in properties:
             try:
@@ -293,17 +295,20 @@ def main() -> int:
     """The check's own process (`python -m trl_rpg.upgrade.verdict`): reads `{"review", "properties": [[name, why,
     target], ...]}` on stdin, prints the results and the digests of the methods it saw on one line after
     `RESULT_PREFIX`."""
-    from . import guard as upgrade_guard
+    import importlib
+
     os.environ[IN_CHECK_ENV] = "1"  # the trainers built here must not ask for a verdict again
     logging.disable(logging.WARNING)
     request = json.loads(sys.stdin.read())
+    if request.get("registered_by"):  # a review registered by another module (the asynchronous trainer's)
+        importlib.import_module(request["registered_by"])
     properties = [upgrade_check.Property(*item) for item in request["properties"]]
     import torch
 
     torch.manual_seed(0)
     review = request.get("review", "RPGTrainer")
     results = run_properties(properties, review=review)
-    digests = upgrade_guard.method_digests(review)
+    digests = reviews.method_digests(review)
     print(RESULT_PREFIX + json.dumps({"results": results, "digests": digests}), flush=True)
     return 0
 
