@@ -6,7 +6,7 @@ objectives of Zhang et al., "On the Design of KL-Regularized Policy Gradient Alg
 (`trl.experimental.async_grpo`). The objective library `trl_rpg.objectives.per_token` is torch-only.
 """
 
-from .objectives.per_token import rpg_per_token_loss
+from .objectives import rpg_per_token_loss
 
 __version__ = "0.1.0"
 

@@ -35,10 +35,8 @@ from ..objectives.loss import packed_token_mean, reduced_metrics
 from ..objectives.per_token import rpg_per_token_loss
 from ..run import checkpoint, checkpointing, gradient_guard, learning_signal
 from ..run.parameter_guard import ParameterGuard
-from ..upgrade import async_guard as async_upgrade_guard
-from . import async_sampler, model_card, worker_samples
-from .async_config import AsyncRPGConfig, as_async_rpg_config
-from .async_runtime import check_async_runtime
+from . import async_sampler, construction, model_card, worker_samples
+from .async_config import AsyncRPGConfig
 from .describe import describe_async_objective
 
 logger = logging.getLogger(__name__)
@@ -83,9 +81,7 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
     _paper: ClassVar[dict[str, str]] = model_card.RPG_PAPER
 
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):
-        async_upgrade_guard.check_async()  # first: TRL code RPG relies on changed must not train silently wrong
-        args = as_async_rpg_config(args, model)  # a value that cannot train: refused naming the field
-        check_async_runtime(positional, kwargs)  # no CUDA GPU, no stand-ins: one line, before anything loads
+        args = construction.async_before_load(model, args, positional, kwargs)  # nothing loaded yet
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),

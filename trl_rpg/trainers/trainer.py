@@ -14,7 +14,6 @@ import contextlib
 import functools
 import logging
 import os
-import warnings
 from typing import ClassVar
 
 import torch
@@ -42,12 +41,10 @@ from ..run.parameter_guard import ParameterGuard
 from ..run.reward_calls import UNSCORED_BATCH_WARNING, ScoringTally, checked_reward_function
 from ..run.reward_exits import StuckRewardWatchdog
 from ..run.reward_scale import RewardScaleCheck
-from ..upgrade import guard as upgrade_guard
-from . import model_card, precision, sampler_logps
-from .config import RPGConfig, as_rpg_config
-from .describe import describe_objective, dropout_warning, training_dropout
+from . import construction, model_card, precision, sampler_logps
+from .config import RPGConfig
+from .describe import describe_objective, training_dropout
 from .reference import MOVING, ReferencePolicy, ReferenceSchedule, without_dropout
-from .validation import validate_inputs, validate_tokenized_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -80,24 +77,13 @@ class RPGTrainer(GRPOTrainer):
         end = _compat.trainer_end
 
     def __init__(self, model, reward_funcs=None, args: RPGConfig | None = None, *positional, **kwargs):
-        upgrade_guard.check(args)  # first: a TRL whose code RPG relies on changed must not train silently wrong
-        _compat.quiet_trl_internal_deprecations()
-        args = as_rpg_config(args, model)
         train_dataset = positional[0] if positional else kwargs.get("train_dataset")
-        if kwargs.get("environment_factory") is None:  # before any model is loaded
-            validate_inputs(train_dataset, positional[1] if len(positional) > 1 else kwargs.get("eval_dataset"),
-                            reward_funcs, args)
+        eval_dataset = positional[1] if len(positional) > 1 else kwargs.get("eval_dataset")
+        args = construction.before_load(model, reward_funcs, args, train_dataset, eval_dataset,
+                                        kwargs.get("environment_factory"))  # nothing loaded yet
         # With the sampler as reference, TRL must build no reference model and compute no reference log-probs.
         with _compat.trl_sees_beta(args, 0.0 if args.rpg_reference == "sampling" else args.beta):
             super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        clash = precision.clash_warning(args.bf16, args.fp16, self.accelerator.mixed_precision,
-                                        os.environ.get(precision.MIXED_PRECISION_ENV))
-        if clash and self.is_world_process_zero():  # `trl-rpg train` refuses it; a script is told
-            logger.warning(clash)
-        if self.environment_factories is None:
-            validate_tokenized_prompts(self.train_dataset, self.processing_class, tools=self.tools,
-                                       chat_template=self.chat_template,
-                                       chat_template_kwargs=self.chat_template_kwargs)
 
         watchdog = None  # several processes: a reward call stuck on one must end the run, naming it (reward_exits)
         if self.accelerator.num_processes > 1:
@@ -111,8 +97,6 @@ class RPGTrainer(GRPOTrainer):
                                          args.rpg_reference_kl_target, args.rpg_reference_kl_decay)
         self.dynamic_sampler = ds.DynamicSampler.for_trainer(self) if args.dynamic_sampling else None
         self.sampler_logps = sampler_logps.SamplerLogps.for_trainer(self)  # mu: the engine's own, or recomputed
-        if (dropout := dropout_warning(args, self.sampler_logps, self.model)) and self.is_world_process_zero():
-            warnings.warn(dropout, UserWarning, stacklevel=2)  # what the config could not know: the model's dropout
         self.skipped_steps = 0
         self._rpg_batch_metrics: dict[str, float] = {}  # generation-time metrics of the batch being trained on
         self._rpg_scoring, self._rpg_signal = ScoringTally(), learning_signal.SignalTally()
@@ -122,6 +106,7 @@ class RPGTrainer(GRPOTrainer):
         self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout)
         # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
+        construction.after_load(self)  # precision, tokenized prompts, the training forward's dropout
 
     @property
     def trl_computes_reference_logps(self) -> bool:
