@@ -7,7 +7,8 @@
 
 The model is the registry's SmolLM2-135M-Instruct (``trl_rpg.smollm2.prepare_smollm2``); the task is
 ``trl_rpg.smollm2.task`` (single-digit addition through the model's chat template, reward 1 when the reply ends and
-its last number is the sum); the RL settings are the demo's (``trl_rpg.cli.smollm2_demo``: 16 replies per optimizer step
+its last number is the sum); the RL settings are the demo's (``trl_rpg.cli.smollm2_demo``: 16 replies per optimizer
+step
 at temperature 1, LoRA on the last 8 layers, learning rate 5e-4) with each generation batch reused for ``reuse``
 optimizer steps, as the toy learning benchmark does. The methods are the toy benchmark's
 (``benchmarks.learning.METHODS`` and ``RPG_COMMON``: beta 0.04 for GRPO and the RPG variants, DAPO without KL).

@@ -31,7 +31,8 @@
   3,200 completions of up to 8k tokens per benchmark); the default batched `model.generate` suits quick checks.
 * LoRA: `--use_peft --lora_r 64 --lora_alpha 128` (TRL's `ModelConfig`).
 * Curves: `<output_dir>/rpg_curves.png` (reward, divergence, the range of `w`, clip fractions over steps), redrawn at
-  every checkpoint and at the end (`trl_rpg.evaluation.plot_callback.RPGPlotCallback`; matplotlib: `pip install 'trl-rpg[plot]'`).
+  every checkpoint and at the end (`trl_rpg.evaluation.plot_callback.RPGPlotCallback`; matplotlib: `pip install
+  'trl-rpg[plot]'`).
 
     accelerate launch --config_file accelerate_configs/deepspeed_zero3.yaml examples/rpg_math.py \\
         --model_name_or_path Qwen/Qwen3-4B-Base --output_dir qwen3-4b-rpg ...   # see examples/recipes/*.sh

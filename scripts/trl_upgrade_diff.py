@@ -9,9 +9,11 @@ the reviewed versions); the new side is read in a fresh process with the given f
 every review (`trl_rpg.upgrade.guard.REVIEWS`: RPGTrainer's and AsyncRPGTrainer's, `trl_rpg.upgrade.async_guard`)
 it prints each changed method's unified diff (a method whose normalised source is unchanged is not listed), the new
 digest to record once reviewed (`trl_rpg/upgrade/guard.py`, `trl_rpg/upgrade/async_guard.py`), and the config fields
-added (to classify in `trl_rpg/upgrade/grpo_fields.py` or `trl_rpg/trainers/async_config.py`: accepted, changed default, refused or
+added (to classify in `trl_rpg/upgrade/grpo_fields.py` or `trl_rpg/upgrade/async_fields.py`: accepted, changed
+default, refused or
 ignored, with the reason) or removed. Then run `tests/test_upgrade_guard.py`
-and the self-check (`python -c "from trl_rpg.upgrade import guard as upgrade_guard; print(upgrade_guard.status())"` with the new
+and the self-check (`python -c "from trl_rpg.upgrade import guard as upgrade_guard; print(upgrade_guard.status())"`
+with the new
 TRL installed). Exit status 0 (1 when the new side cannot be read).
 """
 
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Per review: where its reviewed digests are recorded, and where its config fields are classified.
 FILES = {"RPGTrainer": {"digests": "trl_rpg/upgrade/guard.py", "fields": "trl_rpg/upgrade/grpo_fields.py"},
          "AsyncRPGTrainer": {"digests": "trl_rpg/upgrade/async_guard.py",
-                             "fields": "trl_rpg/trainers/async_config.py (ASYNC_FIELDS)"}}
+                             "fields": "trl_rpg/upgrade/async_fields.py (ASYNC_FIELDS)"}}
 
 
 def _field_default(f) -> str:

@@ -1,5 +1,6 @@
 """`AsyncRPGConfig` refuses every value of TRL's own asynchronous fields and of the optimizer settings that cannot
-train, when it is built (before any model loads), naming the field and what is allowed (`trl_rpg.trainers.async_checks`);
+train, when it is built (before any model loads), naming the field and what is allowed
+(`trl_rpg.trainers.async_checks`);
 good values, TRL's defaults and the edges of each range are accepted."""
 
 import math

@@ -1,4 +1,5 @@
-"""The sampler settings `AsyncRPGTrainer`'s exact weight relies on (`trl_rpg.trainers.async_sampler`), with the synchronous
+"""The sampler settings `AsyncRPGTrainer`'s exact weight relies on (`trl_rpg.trainers.async_sampler`), with the
+synchronous
 trainer's verdicts: exact (full support, a server at processed log-probs), warned (truncated sampling, a server that
 does not say its mode), refused (a server at raw log-probs: there is no recompute to fall back on). The server is a
 stub of TRL's `VLLMClient`; TRL's own rollout worker is built (never started)."""

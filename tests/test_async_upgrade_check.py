@@ -1,4 +1,5 @@
-"""The upgrade self-check of `AsyncRPGTrainer` (`trl_rpg.upgrade.async_self_check`, run by `async_upgrade_guard.check_async`
+"""The upgrade self-check of `AsyncRPGTrainer` (`trl_rpg.upgrade.async_self_check`, run by
+`async_upgrade_guard.check_async`
 through the synchronous trainer's machinery: `upgrade_guard.register_review`, `upgrade_check.register_properties`,
 `upgrade_verdict`'s fresh process and cache): each property holds on the reviewed TRL and fails on a TRL changed in
 what it checks; a TRL whose async methods changed but behave trains after the self-check (cached per installed
@@ -118,8 +119,8 @@ def test_a_failed_self_check_is_refused_naming_the_async_files(monkeypatch):
                   "the upgrade self-check failed: async_reduction: off by 2", "trl_rpg/trainers/async_trainer.py",
                   "trl_rpg/upgrade/async_guard.py", "tests/test_async_upgrade_check.py"):
         assert named in message, named
-    for synchronous in ("trl_rpg/trainers/trainer.py", "trl_rpg.upgrade.guard.REVIEWED_METHODS", "tests/test_upgrade_guard.py",
-                        "GRPO_FIELDS"):
+    for synchronous in ("trl_rpg/trainers/trainer.py", "trl_rpg.upgrade.guard.REVIEWED_METHODS",
+                        "tests/test_upgrade_guard.py", "GRPO_FIELDS"):
         assert synchronous not in message, synchronous
 
 
@@ -131,7 +132,8 @@ def test_a_new_config_field_is_refused_naming_the_async_table():
     with pytest.raises(upgrade_guard.UnreviewedUpgrade) as error:
         async_upgrade_guard.check_async(config_class=NewerConfig)
     assert "these AsyncGRPOConfig fields are not classified by AsyncRPGTrainer: new_loss_option " \
-           "(each must be accepted, changed, refused or ignored with a reason: trl_rpg.trainers.async_config.ASYNC_FIELDS)" \
+           "(each must be accepted, changed, refused or ignored with a reason: " \
+           "trl_rpg.upgrade.async_fields.ASYNC_FIELDS)" \
            in str(error.value)
 
 
@@ -164,9 +166,10 @@ def test_the_maintainer_script_covers_the_async_review():
     assert async_part.startswith(f"## AsyncRPGTrainer: 1 of {len(async_upgrade_guard.ASYNC_REVIEWED_METHODS)} "
                                  "reviewed methods changed (record the new digests in trl_rpg/upgrade/async_guard.py)")
     assert "-    coef_1 = torch.exp(log_ratio)\n+    coef_1 = log_ratio.exp()" in async_part
-    assert ("### config fields to classify (1): trl_rpg/trainers/async_config.py (ASYNC_FIELDS)\n"
+    assert ("### config fields to classify (1): trl_rpg/upgrade/async_fields.py (ASYNC_FIELDS)\n"
             "- new_async_option = None: A new option.") in async_part
-    assert "## RPGTrainer: 0 of" in report and "config fields to classify (0): trl_rpg/upgrade/grpo_fields.py" in report
+    assert "## RPGTrainer: 0 of" in report
+    assert "config fields to classify (0): trl_rpg/upgrade/grpo_fields.py" in report
 
 
 def test_every_trl_method_the_async_trainer_overrides_is_reviewed():

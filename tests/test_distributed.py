@@ -672,7 +672,8 @@ def test_zero3_initial_adaptive_and_sampling_references(zero3_modes):
 @distributed
 @needs_deepspeed
 def test_zero3_skips_a_step_whose_gradient_norm_is_not_finite(zero3_modes):
-    """What `trl_rpg/run/gradient_guard.py` documents: under DeepSpeed the guard stands aside and DeepSpeed itself skips a
+    """What `trl_rpg/run/gradient_guard.py` documents: under DeepSpeed the guard stands aside and DeepSpeed itself
+    skips a
     step whose global gradient norm is not finite (here ZeRO-3 in fp32); the parameters do not move at that step and
     training goes on after it."""
     for rank in zero3_modes["ranks"]:

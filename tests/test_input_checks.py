@@ -1,4 +1,5 @@
-"""Unit tests of `trl_rpg.run.reward_calls` and `trl_rpg.trainers.validation` (no model, no training): reward wrappers keep the
+"""Unit tests of `trl_rpg.run.reward_calls` and `trl_rpg.trainers.validation` (no model, no training): reward wrappers
+keep the
 sync/async nature TRL detects, reward results are checked in float32 against a documented bound, failing reward
 functions are not called again, and data sets are checked (streaming first row, `content: None`, size, prompts that
 tokenize to nothing)."""

@@ -1,4 +1,5 @@
-"""`trl_rpg.run.learning_signal`: which batches and optimizer steps carry a learning signal, when the trainer warns, what
+"""`trl_rpg.run.learning_signal`: which batches and optimizer steps carry a learning signal, when the trainer warns,
+what
 the end-of-run verdict says (also across a resume), and the bounds on reward-model scores. The end-to-end cases
 through the trainer are in tests/test_training_on_nothing.py and tests/test_learning_signal_verdict.py."""
 

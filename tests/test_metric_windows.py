@@ -1,7 +1,8 @@
 """Generation-time metrics over a logging window of several optimizer steps (TRL's default `logging_steps=10`; every
 other metrics test logs each step): a window's `reward` and `completions/*` are the mean over the batches generated
 in it, as under GRPOTrainer; a window in which no batch is generated carries forward the generation-time metrics of
-the batch it trained on, and nothing logged at loss time (`trl_rpg.objectives.loss.appended_means` / `carry_forward`)."""
+the batch it trained on, and nothing logged at loss time (`trl_rpg.objectives.loss.appended_means` /
+`carry_forward`)."""
 
 import pytest
 from _tiny import cpu_args, length_reward, save_tiny_model, tiny_dataset

@@ -133,8 +133,8 @@ def test_the_maintainer_script_lists_the_changed_method_with_its_diff_and_the_ne
     assert f"### GRPOTrainer._compute_loss: digest {digest} -> " in report
     assert "-    coef_1 = torch.exp(log_importance_weights)\n+    coef_1 = log_importance_weights.exp()  # reworded" \
         in report
-    assert "### config fields to classify (1): trl_rpg/upgrade/grpo_fields.py\n- kl_log_ratio_clip = None: A new option." \
-        in report
+    assert ("### config fields to classify (1): trl_rpg/upgrade/grpo_fields.py\n"
+            "- kl_log_ratio_clip = None: A new option.") in report
 
 
 # ---------------------------------------------------------------------------------------------------------------------

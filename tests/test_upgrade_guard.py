@@ -146,8 +146,8 @@ def test_the_table_says_what_rpg_does():
 
 def test_the_readme_drop_in_section_holds_the_table_and_docs_every_row():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert upgrade_guard.drop_in_table() in readme, "regenerate it: python -c 'from trl_rpg.upgrade import guard as upgrade_guard; " \
-                                                    "print(upgrade_guard.drop_in_table())'"
+    assert upgrade_guard.drop_in_table() in readme, ("regenerate it: python -c 'from trl_rpg.upgrade import guard; "
+                                                     "print(guard.drop_in_table())'")
     docs = (ROOT / "docs" / "drop-in.md").read_text(encoding="utf-8")
     assert upgrade_guard.full_table() in docs
     for name in _rules("changed default") + _rules("refused") + _rules("ignored"):

@@ -1,4 +1,5 @@
-"""What the rollout worker of `AsyncRPGTrainer` sends is checked as it arrives (`trl_rpg.trainers.worker_samples`): a sample
+"""What the rollout worker of `AsyncRPGTrainer` sends is checked as it arrives (`trl_rpg.trainers.worker_samples`): a
+sample
 with a bad value is named (worker, field, value), excluded and counted; a malformed one ends the run naming it; a
 worker whose every sample is unusable (excluded or too stale) stops the run instead of hanging; the learning-signal
 verdict counts only the tokens that trained. On CPU with the stand-in worker (`trl_rpg.toy.async_rollouts`), a

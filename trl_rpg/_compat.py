@@ -12,7 +12,8 @@ what is missing.
 - `GRPOTrainer._save_checkpoint` / `_load_optimizer_and_scheduler`: RPG state in checkpoints.
 - `Trainer._get_grad_norm(model, grad_norm)`: the non-finite-gradient guard reads the norm clipping computed.
 - `Trainer._push_from_checkpoint(checkpoint_folder)` / `_finish_current_push()`: the Hub uploads it queues run in
-  RPG's worker with a checkpoint's manifest last, their results read, the final wait bounded (`trl_rpg.run.hub_uploads`;
+  RPG's worker with a checkpoint's manifest last, their results read, the final wait bounded
+  (`trl_rpg.run.hub_uploads`;
   transformers' `hf_api()` answered by RPG's recorder during the call: `trainer_hub_api`).
 - `Trainer._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)`: under DeepSpeed, where
   transformers has DeepSpeed load a resumed checkpoint, every `torch.load` is made weights-only with the DeepSpeed
@@ -35,7 +36,8 @@ and `_step` (the reused generation batch and the micro-step counter of `GRPOTrai
 
 It also reuses TRL's `is_async_callable` (the rule by which `GRPOTrainer` decides to await a reward function, which
 the reward wrapper keeps) rather than a copy of it, and TRL's `get_trackio_space_url` / `get_comet_experiment_url`
-(the tracker links of the model card, `trl_rpg.trainers.model_card`). One more TRL helper is imported where it is used, not
+(the tracker links of the model card, `trl_rpg.trainers.model_card`). One more TRL helper is imported where it is
+used, not
 here: `trl.cli.commands.training._subtract_subsequence` (`trl <command>`'s split of the arguments its parser did not
 consume), by `trl_rpg/cli/launcher.py`, which must not load this module's TRL trainer and model utilities. The
 launcher also uses accelerate's launch internals, imported there for the same reason: `accelerate.commands.launch.
@@ -46,12 +48,14 @@ that process) and `launch_command`; `tests/test_compat.py` checks them too.
 From torch it uses `torch.distributed.distributed_c10d._set_pg_timeout` (`set_collective_timeout`: `ddp_timeout`
 honoured on CPU too).
 
-With `rpg_sampler_logps="engine"` (`trl_rpg.trainers.sampler_logps`) RPG relies on TRL 1.16's condition for the no-grad pass
+With `rpg_sampler_logps="engine"` (`trl_rpg.trainers.sampler_logps`) RPG relies on TRL 1.16's condition for the
+no-grad pass
 that computes `old_per_token_logps` in `_generate_and_score_completions` (`args.gradient_accumulation_steps %
 generate_every != 0 or (use_vllm and vllm_importance_sampling_correction)`, see `trl_skips_old_logps`), and checks
 the engine's output as `VLLMGeneration.generate` (`trl.generation.vllm_generation`) returns it (`returning_through`).
 
-Generation batches are dicts whose fields `trl_rpg.run.batch` knows (`GENERATION_BATCH_FIELDS` below lists the text-only
+Generation batches are dicts whose fields `trl_rpg.run.batch` knows (`GENERATION_BATCH_FIELDS` below lists the
+text-only
 ones TRL 1.16 produces); dynamic sampling refuses others.
 """
 

@@ -10,8 +10,10 @@
 * `python -m trl_rpg train ...` (and so `accelerate launch [...] -m trl_rpg train ...`) trains in the current process.
   Every check that needs no model (settings, data file, reward functions, the columns they read) runs before the
   model is loaded; a mistake ends the run with one `error:` line naming what to fix.
-* `trl-rpg demo` trains a tiny bundled model on a toy arithmetic task on CPU (see `trl_rpg.cli.toy_demo`); `trl-rpg demo
-  --async` trains it with AsyncRPGTrainer and TRL's AsyncGRPOTrainer on stale CPU rollouts (`trl_rpg.cli.async_toy_demo`).
+* `trl-rpg demo` trains a tiny bundled model on a toy arithmetic task on CPU (see `trl_rpg.cli.toy_demo`); `trl-rpg
+  demo
+  --async` trains it with AsyncRPGTrainer and TRL's AsyncGRPOTrainer on stale CPU rollouts
+  (`trl_rpg.cli.async_toy_demo`).
 
 The modules, each importing only those listed before it: `reward_funcs` (reward-function names and import paths),
 `arguments` (the parser, help texts, usage errors), `data` (the training data), `checks` (what a run trains on,

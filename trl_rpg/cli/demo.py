@@ -1,4 +1,5 @@
-"""`trl-rpg demo`: its arguments, and the demo run: the bundled toy (`trl_rpg.cli.toy_demo`, the default) or a real model,
+"""`trl-rpg demo`: its arguments, and the demo run: the bundled toy (`trl_rpg.cli.toy_demo`, the default) or a real
+model,
 SmolLM2-135M-Instruct (`--model smollm2`: `trl_rpg.cli.smollm2_demo`)."""
 
 from __future__ import annotations

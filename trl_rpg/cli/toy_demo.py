@@ -107,7 +107,8 @@ class _DemoCallback(TrainerCallback):
 def plot_curves(rewards: list[tuple[int, float]], accuracy: list[tuple[int, float]], path: str,
                 title: str = "RPG on the toy arithmetic task", log_history: list[dict] | None = None,
                 accuracy_label: str = "held-out accuracy (greedy)") -> str:
-    """Write the demo's PNG: `trl_rpg.evaluation.plots.draw_run`'s panels of `log_history` (reward, divergence, the range of
+    """Write the demo's PNG: `trl_rpg.evaluation.plots.draw_run`'s panels of `log_history` (reward, divergence, the
+    range of
     `w`, clip fractions; the reward alone from `rewards` without it) with the held-out accuracy on the reward panel."""
     from ..evaluation.plots import draw_run
 

@@ -1,7 +1,8 @@
 """The rows of one dynamic-sampling training batch across its generation rounds: a record of every group
 generated (`GroupRecord`), the groups chosen to train on (`select_groups`), the plan that assigns their rows to
 processes moving as few as possible (`plan_layout`, `RankPlan`), and each process's buffer of the rows it may still
-need, assembled into its training rows at the end (`RoundBuffer`). The round loop is `trl_rpg.dynamic_sampling.sampling`.
+need, assembled into its training rows at the end (`RoundBuffer`). The round loop is
+`trl_rpg.dynamic_sampling.sampling`.
 
 Layout conventions (TRL 1.16): a generation batch has `B` rows per process and `W` processes; in the global order
 (rank 0's rows, then rank 1's, ...) every prompt occupies `G = num_generations` consecutive rows, so group `g` is

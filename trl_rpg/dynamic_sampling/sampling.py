@@ -7,8 +7,10 @@ batch again holds the configured number of groups, and trains on that batch as u
 
 This module holds the round loop (`DynamicSampler.collect`), which the trainer calls with its generation-and-scoring
 function and its collectives, and the metrics of a batch (`summary`). The parts have a module each, whose public names
-it hands on (`trl_rpg.dynamic_sampling.sampling.X`): the group filter (`trl_rpg.run.group_signal`), the bookkeeping across
-generation rounds and the plan that assigns kept rows to processes (`trl_rpg.dynamic_sampling.round_buffer`; `trl_rpg.run.batch`
+it hands on (`trl_rpg.dynamic_sampling.sampling.X`): the group filter (`trl_rpg.run.group_signal`), the bookkeeping
+across
+generation rounds and the plan that assigns kept rows to processes (`trl_rpg.dynamic_sampling.round_buffer`;
+`trl_rpg.run.batch`
 regroups the rows), the extra prompts (`trl_rpg.dynamic_sampling.prompt_stream`).
 
 Layout conventions (TRL 1.16): a generation batch has `B` rows per process and `W` processes; in the global order

@@ -50,7 +50,8 @@ def generate_completions(model: Any, tokenizer: Any, prompts: Sequence[str], *, 
     overrides a model's default ``generation_config.top_k``). ``seed`` seeds python / numpy / torch
     (``transformers.set_seed``) first; ``generation_kwargs`` override the rest. The model is put in eval mode and its
     training mode restored; the tokenizer's padding side (and a missing pad token, for which EOS stands in) too.
-    Used by the benchmark evaluation (:func:`trl_rpg.evaluation.evaluate.evaluate_model`) and by the toy task's evaluation.
+    Used by the benchmark evaluation (:func:`trl_rpg.evaluation.evaluate.evaluate_model`) and by the toy task's
+    evaluation.
     """
     import torch  # lazy: the data / scoring helpers do not need torch
     from transformers import set_seed

@@ -1,6 +1,7 @@
 """A picture of what matters in an RPG run, drawn from its `trainer_state.json` (`log_history`).
 
-Four panels over optimizer steps, each drawn when its metrics were logged (`trl_rpg.objectives.loss.metrics` names them):
+Four panels over optimizer steps, each drawn when its metrics were logged (`trl_rpg.objectives.loss.metrics` names
+them):
 
 - reward: TRL's `reward` (the mean reward of the generation batch each step trained on) and a moving mean; each
   reward function's `rewards/<name>/mean` when there are several; any extra series (the demo's held-out accuracy);

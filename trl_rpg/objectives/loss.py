@@ -1,6 +1,7 @@
 """From RPG's per-token loss to the scalar the trainer backpropagates, and the metrics it logs.
 
-`trl_rpg.objectives.per_token` computes the per-token loss; this module holds the trainer-side pieces around it, each as
+`trl_rpg.objectives.per_token` computes the per-token loss; this module holds the trainer-side pieces around it, each
+as
 TRL 1.16's `GRPOTrainer._compute_loss` defines it, so that with `beta = 0`, the differentiable estimator and no
 dual clip an RPG run trains exactly as a GRPO run (tests/test_grpo_equivalence.py):
 

@@ -43,7 +43,8 @@ class SamplerVerdict:
 
 
 def support_cuts(args) -> list[str]:
-    """The settings, as `name=value`, that cut the sampler's support (`sampler_logps.truncated_sampling`, on the fields an
+    """The settings, as `name=value`, that cut the sampler's support (`sampler_logps.truncated_sampling`, on the
+    fields an
     `AsyncGRPOConfig` has, and the support-restricting generation kwargs if a `generation_kwargs` field exists)."""
     kwargs = getattr(args, "generation_kwargs", None) or {}
     view = SimpleNamespace(generation_kwargs=kwargs, top_p=getattr(args, "top_p", 1.0),

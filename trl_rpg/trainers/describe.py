@@ -317,8 +317,10 @@ def clip_text(args) -> str:
 def describe_objective(args, sampler=None, precision: str | None = None, dropout: list[str] | None = None) -> str:
     """One line saying what a run optimises: divergence, estimator, beta, reference schedule, batch reuse, clip
     widths, advantage scaling, and whether the settings make it train as `GRPOTrainer` would; with vLLM generation,
-    what mu is (`sampler`, a resolved `trl_rpg.trainers.sampler_logps.SamplerLogps`: `sampler_clause`); then the `precision`
-    it trains in, when given (`trl_rpg.trainers.precision.precision_clause`). `dropout`: where dropout acts in the training
+    what mu is (`sampler`, a resolved `trl_rpg.trainers.sampler_logps.SamplerLogps`: `sampler_clause`); then the
+    `precision`
+    it trains in, when given (`trl_rpg.trainers.precision.precision_clause`). `dropout`: where dropout acts in the
+    training
     forward (`training_dropout`), which can make beta act (`inert_kl_effect`)."""
     engine = sampler is not None and sampler.mode == "engine"
     line = (f"RPGTrainer: {objective_text(args)}, reference: "

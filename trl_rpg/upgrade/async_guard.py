@@ -85,7 +85,8 @@ ASYNC_OWNERS: dict[str, str] = {
 #: The review's name (`upgrade_guard.REVIEWS`, `upgrade_check.PROPERTIES`, the verdict cache).
 REVIEW = "AsyncRPGTrainer"
 #: The files a maintainer reviews and records a new TRL's async code in (the refusal names them).
-ASYNC_FILES = ("trl_rpg/trainers/async_trainer.py and trl_rpg/trainers/async_config.py", "trl_rpg/upgrade/async_guard.py",
+ASYNC_FILES = ("trl_rpg/trainers/async_trainer.py and trl_rpg/upgrade/async_fields.py",
+               "trl_rpg/upgrade/async_guard.py",
                "tests/test_async_trainer.py and tests/test_async_upgrade_check.py")
 
 
@@ -98,7 +99,8 @@ def register() -> None:
     (`async_upgrade_check.ASYNC_PROPERTIES`) with the synchronous trainer's machinery."""
     from .async_self_check import ASYNC_PROPERTIES
 
-    register_review(REVIEW, Review("trl_rpg.trainers.async_trainer:AsyncRPGTrainer", "AsyncGRPOTrainer", "AsyncGRPOConfig",
+    register_review(REVIEW, Review("trl_rpg.trainers.async_trainer:AsyncRPGTrainer", "AsyncGRPOTrainer",
+                                   "AsyncGRPOConfig",
                                    ASYNC_REVIEWED_METHODS, ASYNC_FIELDS, REVIEWED_VERSIONS, registered_by=__name__),
                     ASYNC_OWNERS)
     if REVIEW not in upgrade_check.PROPERTIES:
@@ -129,7 +131,8 @@ def check_async(owners: dict | None = None, config_class=None) -> list[str]:
     (`ASYNC_REVIEWED_METHODS`) runs the behavioural self-check (`async_upgrade_check`, in a fresh process, cached per
     installed version by `upgrade_verdict`): passed, one warning and the trainer trains; failed (or a method gone, or
     replaced in this process), `UnreviewedUpgrade` naming what failed and the async files to review. An
-    `AsyncGRPOConfig` field not classified in `trl_rpg.upgrade.async_fields.ASYNC_FIELDS` is refused without a self-check.
+    `AsyncGRPOConfig` field not classified in `trl_rpg.upgrade.async_fields.ASYNC_FIELDS` is refused without a
+    self-check.
     With `TRL_RPG_ALLOW_UNREVIEWED=1` a refusal is a warning. Returns the changes found."""
     from importlib.metadata import version
 

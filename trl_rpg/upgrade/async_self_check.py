@@ -172,7 +172,8 @@ def _run(ctx: CheckContext, name: str) -> dict:
                     max_grad_norm=0.0, max_staleness=4, token_budget=0, use_cpu=True, bf16=False, report_to="none",
                     save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True, epsilon=0.2, epsilon_high=0.2)
     if name == "AsyncRPGTrainer":
-        args = classes["AsyncRPGTrainer"].config_class(**settings, beta=0.0, rpg_estimator="differentiable", rpg_dual_clip_c=None)
+        args = classes["AsyncRPGTrainer"].config_class(**settings, beta=0.0, rpg_estimator="differentiable",
+                                                       rpg_dual_clip_c=None)
     else:
         args = classes["AsyncGRPOConfig"](**settings)
     after: dict[int, dict] = {}

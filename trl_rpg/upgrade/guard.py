@@ -121,7 +121,8 @@ def describe(methods: list[str], fields: list[str], versions: dict[str, str], ve
     return (f"RPGTrainer was reviewed against {reviewed}; installed: {installed}. On this version "
             f"{'; '.join(parts)}; {why}. RPG could train with a changed behaviour silently ignored. To proceed: "
             f"install the reviewed versions (pip install {pins}), or review the difference against "
-            "trl_rpg/trainers/trainer.py and trl_rpg/trainers/config.py (python scripts/trl_upgrade_diff.py lists it), record it in "
+            "trl_rpg/trainers/trainer.py and trl_rpg/trainers/config.py (python scripts/trl_upgrade_diff.py lists "
+            "it), record it in "
             f"trl_rpg/upgrade/guard.py and run tests/test_upgrade_guard.py, or set {ALLOW_ENV}=1 to train anyway "
             "with a warning.")
 
