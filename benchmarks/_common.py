@@ -28,6 +28,11 @@ def default_results_path(name: str, quick: bool) -> str:
     return os.path.join(RESULTS_DIR, f"{name}.json")
 
 
+def moved_flag(flag: str, module: str) -> str:
+    """The error of a flag that became its own command (issue 48: a benchmark never imports its extension)."""
+    return f"{flag} is now its own command: python -m {module} (its options: python -m {module} --help)"
+
+
 def machine_info() -> dict:
     """Date, host, CPU model, core count, memory, load, git commit, library versions."""
     info: dict = {

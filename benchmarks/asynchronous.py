@@ -2,8 +2,8 @@
 
     python -m benchmarks.asynchronous --workers 2   # beta sweep, then 4 methods x staleness {0,2,4,8} x 8 seeds
     python -m benchmarks.asynchronous --quick       # 2 seeds, 24 steps, staleness {0, 4}, beta 0.3, no sweep
-    python -m benchmarks.asynchronous --tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43):
-                                                    # benchmarks/asynchronous_tuned.py
+    python -m benchmarks.asynchronous_tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43): its
+                                                    # own command (benchmarks/asynchronous_tuned.py)
 
 TRL's asynchronous trainer (`trl.experimental.async_grpo.AsyncGRPOTrainer`) trains on samples that a vLLM server drew
 one to several policy versions earlier, with a PPO clip on pi_theta/mu and no KL term. `AsyncRPGTrainer` replaces the
@@ -52,6 +52,7 @@ from ._common import (
     loadavg,
     machine_info,
     markdown_table,
+    moved_flag,
     save_figure,
     toy_fingerprint,
     toy_module,
@@ -69,7 +70,7 @@ METHODS: dict[str, dict] = {
     # RPG's clip without its KL term: tells the KL term's effect from the clip's
     "AsyncRPG beta=0": {"trainer": "rpg", **RPG_PAPER, "rpg_divergence": "urkl", "beta": 0.0},
     # AsyncGRPO plus GRPO's k3 towards the sampler, unweighted / IS-weighted (benchmarks/k3_arms.py; the tuned
-    # comparison's arms: `--tuned`)
+    # comparison's arms: `python -m benchmarks.asynchronous_tuned`)
     "AsyncGRPO+k3": {"trainer": "k3", "use_bias_correction_kl": False},
     "AsyncGRPO+k3 IS": {"trainer": "k3", "use_bias_correction_kl": True},
 }
@@ -416,12 +417,10 @@ def plot(result: dict, path: str) -> str | None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--tuned" in argv:  # the tuned comparison (issue 43): benchmarks/asynchronous_tuned.py
-        from .asynchronous_tuned import main as tuned_main
-
-        return tuned_main([a for a in argv if a != "--tuned"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
+    if "--tuned" in argv:  # the tuned comparison (issue 43) is its own command: this module does not import it
+        p.error(moved_flag("--tuned", "benchmarks.asynchronous_tuned"))
     p.add_argument("--quick", action="store_true", help="2 seeds, 24 steps, staleness 0 and 4, beta 0.3")
     p.add_argument("--seeds", type=int, nargs="+")
     p.add_argument("--methods", nargs="+", choices=[m for m in METHODS if METHODS[m]["trainer"] != "k3"])

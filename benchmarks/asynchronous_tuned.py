@@ -1,9 +1,9 @@
 """The asynchronous comparison with every arm tuned alike (issue 43; `benchmarks/tuning.py`'s protocol).
 
-    python -m benchmarks.asynchronous --tuned --find-regime --workers 2   # the plan of docs/benchmarks.md section 6
-    python -m benchmarks.asynchronous --tuned --quick                    # smoke: tiny sizes, every arm and phase
-    python -m benchmarks.asynchronous --tuned --resume FILE              # continue an interrupted run
-    python -m benchmarks.asynchronous --tuned --summarize FILE           # tables and plots of a results file
+    python -m benchmarks.asynchronous_tuned --find-regime --workers 2  # the plan of docs/benchmarks.md section 6
+    python -m benchmarks.asynchronous_tuned --quick                    # smoke: tiny sizes, every arm and phase
+    python -m benchmarks.asynchronous_tuned --resume FILE              # continue an interrupted run
+    python -m benchmarks.asynchronous_tuned --summarize FILE           # tables and plots of a results file
 
 Arms (`benchmarks/asynchronous.py`'s training function, stale rollout worker, SFT start per seed): AsyncGRPO (TRL's
 loss, no KL); AsyncGRPO + GRPO's k3 towards the sampler, unweighted and IS-weighted (`benchmarks/k3_arms.py`);
@@ -151,7 +151,7 @@ def sensitivity_title(s: TunedSettings) -> str:
 
 
 def main(argv=None):
-    return tuned.cli(sys.modules[__name__], argv, "python -m benchmarks.asynchronous --tuned",
+    return tuned.cli(sys.modules[__name__], argv, "python -m benchmarks.asynchronous_tuned",
                      "also the tuned AsyncGRPO at staleness 16, 32, 64 against its fresh run")
 
 

@@ -3,8 +3,8 @@
     python -m benchmarks.cost                    # CPU: ~24M-parameter random-init Qwen2, completions 64/128/256
     python -m benchmarks.cost --quick            # CPU, small model, short completions (about 2 min)
     python -m benchmarks.cost --device cuda      # GPU: bf16, Qwen2-0.5B-shaped random-init model
-    python -m benchmarks.cost --vllm             # vLLM generation: RPG with the engine's log-probs against RPG
-                                                 # recomputing them and GRPO (benchmarks/cost_vllm.py)
+    python -m benchmarks.cost_vllm               # vLLM generation: RPG with the engine's log-probs against RPG
+                                                 # recomputing them and GRPO (its own command, same options)
 
 One invocation runs, for each repetition and each completion length, the three trainers one after the other
 (A B C, B C A, C A B, ...: the order rotates with the repetition), each in a fresh subprocess so that its peak
@@ -56,6 +56,7 @@ from ._common import (
     loadavg,
     machine_info,
     markdown_table,
+    moved_flag,
     ratio,
     write_json,
 )
@@ -812,25 +813,29 @@ def plot(result: dict, path: str) -> str | None:
     return path
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+def make_parser(name: str = "cost", description: str | None = __doc__) -> argparse.ArgumentParser:
+    """The command line of a cost benchmark: `python -m benchmarks.<name>` (this module's, and
+    benchmarks/cost_vllm.py's with `name="cost_vllm"`); `--child SPEC` (hidden) is the entry of a spawned run."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False, prog=f"python -m benchmarks.{name}")
     p.add_argument("--quick", action="store_true", help="small model, short completions, 2 repetitions")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--lengths", type=int, nargs="+", help="override the completion lengths")
     p.add_argument("--repetitions", type=int, help="override the number of interleaved repetitions")
     p.add_argument("--threads", type=int, help="torch threads per run on CPU (default 1)")
     p.add_argument("--rounds", type=int, help="interleaved rounds of the training-side timing (0: skip it)")
-    p.add_argument("--output", help="JSON path (default benchmarks/results/cost_<device>.json; --quick: "
-                                     "outputs/benchmarks/cost_<device>_quick.json)")
-    p.add_argument("--vllm", action="store_true", help="vLLM generation: rpg_sampler_logps='engine' against "
-                   "'recompute' and GRPO, training side per generation batch (benchmarks/cost_vllm.py)")
-    p.add_argument("--child", help=argparse.SUPPRESS)
-    a = p.parse_args(argv)
-    if a.vllm:
-        from .cost_vllm import main as vllm_main
+    p.add_argument("--output", help=f"JSON path (default benchmarks/results/{name}_<device>.json; --quick: "
+                                     f"outputs/benchmarks/{name}_<device>_quick.json)")
+    p.add_argument("--child", metavar="SPEC", help=argparse.SUPPRESS)
+    return p
 
-        return vllm_main(a)
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = make_parser()
+    if "--vllm" in argv:  # vLLM generation is its own command: this module does not import it
+        p.error(moved_flag("--vllm", "benchmarks.cost_vllm"))
+    a = p.parse_args(argv)
     if a.child:
         with open(a.child) as f:
             spec = json.load(f)

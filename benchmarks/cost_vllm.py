@@ -2,9 +2,11 @@
 log-probs (``rpg_sampler_logps="engine"``) against RPG recomputing them and TRL's ``GRPOTrainer`` (beta = 0 and
 beta > 0), interleaved.
 
-    python -m benchmarks.cost --vllm                  # CPU, through the fake engine of tests/vllm_stub
-    python -m benchmarks.cost --vllm --quick          # CPU, small model, short completions
-    python -m benchmarks.cost --vllm --device cuda    # GPU: real vLLM (colocate), bf16, Qwen2-0.5B-shaped model
+    python -m benchmarks.cost_vllm                    # CPU, through the fake engine of tests/vllm_stub
+    python -m benchmarks.cost_vllm --quick            # CPU, small model, short completions
+    python -m benchmarks.cost_vllm --device cuda      # GPU: real vLLM (colocate), bf16, Qwen2-0.5B-shaped model
+
+Options as `benchmarks.cost`'s (`cost.make_parser`): --lengths, --repetitions, --threads, --rounds, --output.
 
 Four trainers, the same model, data and batch layout (each generation batch reused for ``reuse`` = 4 optimizer
 steps), vLLM colocate generation forced to the full completion length (``ignore_eos``), TRL's importance-sampling
@@ -246,7 +248,7 @@ def _spawn(s, method: str | None, length: int) -> dict:
         if s.device == "cpu":
             env.update(OMP_NUM_THREADS=str(s.threads), CUDA_VISIBLE_DEVICES="")
         timeout = s.timeout_s * (1 if method else len(s.methods) * max(1.0, (s.warmup_cycles + s.train_rounds) / 20))
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.cost_vllm", spec], env=env, cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.cost_vllm", "--child", spec], env=env, cwd=ROOT,
                               check=False, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(out):
             what = method or "replayed training side"
@@ -350,8 +352,12 @@ def markdown(result: dict) -> str:
     return head + table + f"\n\nRatios (< 1: the first is cheaper), paired by {unit}:\n\n" + ratios
 
 
-def main(a) -> dict:
-    """`python -m benchmarks.cost --vllm ...` (the parsed arguments of `benchmarks.cost`)."""
+def main(argv=None) -> dict:
+    """`python -m benchmarks.cost_vllm ...`: `benchmarks.cost`'s options; `--child SPEC` (hidden) runs one spawned
+    run (:func:`_spawn`)."""
+    a = cost.make_parser("cost_vllm", __doc__).parse_args(argv)
+    if a.child:
+        return _child(a.child)
     if a.device == "cuda":
         s = dataclasses.replace(CUDA_QUICK if a.quick else CUDA)
     else:
@@ -379,7 +385,8 @@ def main(a) -> dict:
     return result
 
 
-def _child(spec_path: str) -> None:
+def _child(spec_path: str) -> dict:
+    """The run that :func:`_spawn` describes in the JSON file `spec_path`; its result goes to the spec's `out`."""
     with open(spec_path) as f:
         spec = json.load(f)
     s = cost._from_jsonable(spec["settings"])
@@ -387,7 +394,8 @@ def _child(spec_path: str) -> None:
          run_one(s, spec["method"], spec["length"], spec["output_dir"]))
     with open(spec["out"], "w") as f:
         json.dump(r, f)
+    return r
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1])
+    sys.exit(0 if main() else 1)

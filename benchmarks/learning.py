@@ -3,8 +3,8 @@ miniature).
 
     python -m benchmarks.learning            # full: 6 methods x 10 seeds x 100 steps (20-35 min on 2 CPU cores)
     python -m benchmarks.learning --quick    # 6 methods x 2 seeds x 16 steps (under 5 min)
-    python -m benchmarks.learning --tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43):
-                                             # benchmarks/learning_tuned.py
+    python -m benchmarks.learning_tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43): its own
+                                             # command (benchmarks/learning_tuned.py)
 
 Every method starts, for a given seed, from the *same* briefly supervised tiny Qwen2 model
 (``trl_rpg.toy.build_toy_model``, built once per seed and cached under ``benchmarks/.cache``), trains on the same
@@ -41,6 +41,7 @@ from ._common import (
     machine_info,
     markdown_table,
     mean_std,
+    moved_flag,
     save_figure,
     toy_fingerprint,
     toy_module,
@@ -397,12 +398,10 @@ def plot(result: dict, path: str) -> str | None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    if "--tuned" in argv:  # the tuned comparison (issue 43): benchmarks/learning_tuned.py
-        from .learning_tuned import main as tuned_main
-
-        return tuned_main([a for a in argv if a != "--tuned"])
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
+    if "--tuned" in argv:  # the tuned comparison (issue 43) is its own command: this module does not import it
+        p.error(moved_flag("--tuned", "benchmarks.learning_tuned"))
     p.add_argument("--quick", action="store_true", help="2 seeds, 4 generation batches (< 5 min)")
     p.add_argument("--seeds", type=int, nargs="+", help="override the seeds")
     p.add_argument("--methods", nargs="+", choices=list(METHODS), help="override the methods")

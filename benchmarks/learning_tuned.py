@@ -1,9 +1,9 @@
 """The synchronous comparison under batch reuse with every arm tuned alike (issue 43; `benchmarks/tuning.py`).
 
-    python -m benchmarks.learning --tuned --find-regime --workers 2   # the plan of docs/benchmarks.md section 1
-    python -m benchmarks.learning --tuned --quick                    # smoke: tiny sizes, every arm and phase
-    python -m benchmarks.learning --tuned --resume FILE              # continue an interrupted run
-    python -m benchmarks.learning --tuned --summarize FILE           # tables and plots of a results file
+    python -m benchmarks.learning_tuned --find-regime --workers 2  # the plan of docs/benchmarks.md section 1
+    python -m benchmarks.learning_tuned --quick                    # smoke: tiny sizes, every arm and phase
+    python -m benchmarks.learning_tuned --resume FILE              # continue an interrupted run
+    python -m benchmarks.learning_tuned --summarize FILE           # tables and plots of a results file
 
 Arms (`benchmarks/learning.py`'s methods and training function, SFT start per seed): GRPO as TRL ships it (k3 towards
 the initial model, IS-weighted: `use_bias_correction_kl=True`); GRPO with `use_bias_correction_kl=False` (GRPO's k3
@@ -150,7 +150,7 @@ def sensitivity_title(s: TunedSettings) -> str:
 
 
 def main(argv=None):
-    return tuned.cli(sys.modules[__name__], argv, "python -m benchmarks.learning --tuned",
+    return tuned.cli(sys.modules[__name__], argv, "python -m benchmarks.learning_tuned",
                      "also the tuned GRPO at reuse 32 and 48 against its fresh run (reuse 1)")
 
 

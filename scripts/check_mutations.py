@@ -1795,6 +1795,18 @@ MUTATIONS = [
              "{**spec, **(overrides or {})}))",
              "{**(overrides or {}), **spec}))",
              "tests/test_tuning_learning.py -k reaches_the_trainers_config"),
+    # issue 48 (no import circle in benchmarks/): the extensions are their own commands
+    Mutation("benchmarks: asynchronous.py hands --tuned to its extension again (an import circle)",
+             "benchmarks/asynchronous.py",
+             "        p.error(moved_flag(\"--tuned\", \"benchmarks.asynchronous_tuned\"))",
+             "        from .asynchronous_tuned import main as tuned_main\n\n        return tuned_main(argv)",
+             "tests/test_benchmark_commands.py -k no_import_circle"),
+    Mutation("benchmarks: cost.py's --vllm no longer names benchmarks.cost_vllm", "benchmarks/cost.py",
+             "    if \"--vllm\" in argv:", "    if False:",
+             "tests/test_benchmark_commands.py -k old_flag_names"),
+    Mutation("cost_vllm: its children spawned without --child", "benchmarks/cost_vllm.py",
+             "\"benchmarks.cost_vllm\", \"--child\", spec]", "\"benchmarks.cost_vllm\", spec]",
+             "tests/test_benchmark_commands.py -k spawns_its_children"),
     # issue 44 (run guarantees of the async trainer): TRL's async fields checked (async_checks), one writer per
     # output_dir, Hub uploads read, verified resume
     Mutation("async checks: max_staleness -1 accepted (every sample dropped, a hang)",

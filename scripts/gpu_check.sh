@@ -14,7 +14,7 @@
 #                                          # (started here, LoRA sync) and the FA3 kernel (scripts/async_check.py);
 #                                          # with --dry-run: on CPU with the tests' stand-ins, no server (plumbing only)
 #   bash scripts/gpu_check.sh --vllm-cost  # instead: the training side of rpg_sampler_logps="engine" against
-#                                          # "recompute" and GRPO with vLLM (python -m benchmarks.cost --vllm --device
+#                                          # "recompute" and GRPO with vLLM (python -m benchmarks.cost_vllm --device
 #                                          # cuda; writes benchmarks/results/cost_vllm_cuda.json); with --dry-run: one
 #                                          # quick repetition on CPU with the fake engine (plumbing only)
 #
@@ -76,12 +76,12 @@ start=$(date +%s)
 if [ "$VLLM_COST" = 1 ]; then
   cd "$ROOT"
   if [ "$DRY_RUN" = 1 ]; then  # benchmarks/cost_vllm.py puts the fake engine on its runs' path on CPU
-    "$PYTHON" -m benchmarks.cost --vllm --quick --repetitions 1 --output "$WORK/cost_vllm.json"
+    "$PYTHON" -m benchmarks.cost_vllm --quick --repetitions 1 --output "$WORK/cost_vllm.json"
   elif ! "$PYTHON" -c "import vllm" 2>/dev/null; then
     echo "[gpu_check] --vllm-cost needs vLLM installed (pip install 'trl[vllm]'); --dry-run checks it without" >&2
     exit 1
   else
-    "$PYTHON" -m benchmarks.cost --vllm --device cuda
+    "$PYTHON" -m benchmarks.cost_vllm --device cuda
   fi
   echo "[gpu_check] done in $(( $(date +%s) - start )) s"
   exit 0

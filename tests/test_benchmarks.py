@@ -384,7 +384,7 @@ def test_quick_runs_write_outside_the_committed_results(module, monkeypatch):
 
 
 def test_cost_vllm_ratios_are_paired():
-    """`benchmarks.cost --vllm` (benchmarks/cost_vllm.py): each ratio is the geometric mean of the paired ratios (per
+    """`python -m benchmarks.cost_vllm`: each ratio is the geometric mean of the paired ratios (per
     round on CPU, per repetition on GPU) with its 95% interval; the table names the passes and every ratio."""
     from benchmarks import cost_vllm
 

@@ -64,7 +64,7 @@ def test_tuned_runs_are_reported_on_other_seeds_with_verdicts_and_the_regime(set
     text = bench.markdown(result)
     assert "(no detectable difference)" in text and "found at staleness 32" in text
     assert bench.plot(result, str(tmp_path / "r.png"))
-    again = bench.bench.main(["--tuned", "--summarize", path])  # asynchronous.py hands --tuned over
+    again = bench.main(["--summarize", path])  # python -m benchmarks.asynchronous_tuned --summarize
     assert again["summary"]["regime"]["found"] == 32 and (tmp_path / "r_sensitivity.png").stat().st_size > 0
 
 

@@ -75,5 +75,5 @@ def test_tuned_at_reuse_16_reported_at_4_and_16_and_the_regime_against_reuse_1(s
     assert summary["paired"]["4|GRPO k3 unweighted - GRPO"]["mean"] == pytest.approx(0.016, abs=1e-9)
     assert json.loads(open(path).read())["complete"]
     assert "found at reuse 32" in bench.markdown(result) and bench.plot(result, str(tmp_path / "r.png"))
-    again = bench.bench.main(["--tuned", "--summarize", path])  # learning.py hands --tuned over
+    again = bench.main(["--summarize", path])  # python -m benchmarks.learning_tuned --summarize
     assert again["summary"]["regime"]["found"] == 32 and (tmp_path / "r_sensitivity.png").stat().st_size > 0
