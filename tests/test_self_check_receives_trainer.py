@@ -1,10 +1,10 @@
-"""The upgrade self-check receives the trainer class it checks (from the `Review`), so `upgrade_check` imports no
-trainer module: no import circle trainer.py -> upgrade_guard -> upgrade_verdict -> upgrade_check -> trainer.py."""
+"""The upgrade self-check receives the trainer class it checks (from the `Review`), so `trl_rpg.upgrade.self_check`
+imports no trainer module: no import circle trainers/trainer.py -> upgrade/guard.py -> upgrade/verdict.py ->
+upgrade/self_check.py -> trainers/trainer.py."""
 
 import ast
 from pathlib import Path
 
-import trl_rpg
 from trl_rpg import RPGTrainer
 from trl_rpg.upgrade import guard as upgrade_guard
 from trl_rpg.upgrade import self_check as upgrade_check
@@ -21,7 +21,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_upgrade_check_imports_no_trainer():
-    imported = _imported_modules(Path(trl_rpg.__file__).with_name("upgrade_check.py"))
+    imported = _imported_modules(Path(upgrade_check.__file__))  # every module of trl_rpg.upgrade: tests/test_layers.py
     assert not [name for name in imported if "trainer" in name.split(":")[0] and "trl" != name.split(".")[0]], imported
 
 
