@@ -32,14 +32,14 @@ def benchmarks():
 
 def test_benchmark_names():
     assert BENCHMARKS == {"aime24": "aime-2024.parquet", "aime25": "aime25.parquet", "amc23": "amc-23.parquet"}
-    data_dir = Path(evaluation.__file__).resolve().parent / "data"
+    data_dir = Path(evaluation.__file__).resolve().parents[1] / "data"
     for filename in BENCHMARKS.values():
         assert (data_dir / filename).is_file()
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared data directory not available")
 def test_bundled_files_are_byte_identical():
-    data_dir = Path(evaluation.__file__).resolve().parent / "data"
+    data_dir = Path(evaluation.__file__).resolve().parents[1] / "data"
     for filename in BENCHMARKS.values():
         bundled = hashlib.sha256((data_dir / filename).read_bytes()).hexdigest()
         shared = hashlib.sha256((SHARED_DATA / filename).read_bytes()).hexdigest()
@@ -73,7 +73,7 @@ def test_load_benchmark(benchmarks, name):
 def test_load_benchmark_aliases_and_data_dir(tmp_path):
     assert len(load_benchmark("AIME-2024")) == 960
     (tmp_path / "amc-23.parquet").write_bytes(
-        (Path(evaluation.__file__).resolve().parent / "data" / "amc-23.parquet").read_bytes()
+        (Path(evaluation.__file__).resolve().parents[1] / "data" / "amc-23.parquet").read_bytes()
     )
     assert len(load_benchmark("amc23", data_dir=tmp_path)) == 1280
     with pytest.raises(FileNotFoundError):

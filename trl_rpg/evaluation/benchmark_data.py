@@ -43,7 +43,7 @@ def _data_file(filename: str, data_dir: str | Path | None) -> Path:
             return path
     except Exception:  # (namespace-package quirks, zip imports...: use the module directory)
         logger.debug("importlib.resources lookup failed for %s", filename, exc_info=True)
-    return Path(__file__).resolve().parent / "data" / filename
+    return Path(__file__).resolve().parents[1] / "data" / filename  # trl_rpg/data
 
 
 def problem_text(row: Mapping[str, Any]) -> str:

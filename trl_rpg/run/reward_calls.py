@@ -221,7 +221,7 @@ def raised_at(error: BaseException, func) -> str:
     that is the user's code (not Python's, an installed package's or trl_rpg's), else the innermost in `func`'s
     own file; '' if there is none. The function named is the innermost named one (not a `<listcomp>`)."""
     frames = traceback.extract_tb(error.__traceback__)
-    package = os.path.dirname(os.path.realpath(__file__)) + os.sep
+    package = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # trl_rpg/
     code = _code_of(func)
 
     def users(frame):
