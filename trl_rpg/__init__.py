@@ -3,7 +3,7 @@
 `RPGTrainer` / `RPGConfig` are drop-in replacements for TRL's `GRPOTrainer` / `GRPOConfig` that train with the RPG
 objectives of Zhang et al., "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning"
 (ICLR 2026, arXiv:2505.17508); `AsyncRPGTrainer` / `AsyncRPGConfig` do the same for TRL's asynchronous trainer
-(`trl.experimental.async_grpo`). The objective library `trl_rpg.objectives.per_token` is torch-only.
+(`trl.experimental.async_grpo`). The objective library `trl_rpg.objectives` is torch-only.
 """
 
 from .objectives import rpg_per_token_loss
@@ -14,7 +14,7 @@ __all__ = ["AsyncRPGConfig", "AsyncRPGTrainer", "RPGConfig", "RPGTrainer", "rpg_
 
 
 def __getattr__(name):
-    # The trainer pulls in TRL/transformers; import it lazily so `trl_rpg.objectives.per_token` stays light.
+    # The trainer pulls in TRL/transformers; import it lazily so `trl_rpg.objectives` stays light.
     if name == "RPGConfig":
         from .trainers.config import RPGConfig
 
