@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trl_rpg import RPGTrainer
 from trl_rpg.upgrade import guard as upgrade_guard
 from trl_rpg.upgrade import self_check as upgrade_check
 from trl_rpg.upgrade import verdict as upgrade_verdict
@@ -141,7 +142,8 @@ def test_a_checkpoint_loaded_after_the_first_micro_batch_fails_checkpoint_resume
     memo = {"rpg": {"events": [("micro-batch", 0), ("save", 1), ("save", 2)], "after": same,
                     "output_dir": str(tmp_path / "rpg")},
             "resumed": {"events": [("micro-batch", 1), ("load", checkpoint), ("micro-batch", 2)], "after": same}}
-    context = CheckContext(grpo_class=object, rpg_class=object, workdir=str(tmp_path), memo=memo)
+    # the trainer under review only lends its config class (the memo holds its runs)
+    context = CheckContext(grpo_class=object, rpg_class=RPGTrainer, workdir=str(tmp_path), memo=memo)
     detail = upgrade_check.checkpoint_resume(context)
     assert detail is not None and detail.startswith(
         f"_load_optimizer_and_scheduler was not called once with {checkpoint} before the first micro-batch")
