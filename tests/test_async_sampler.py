@@ -20,7 +20,7 @@ from trl.experimental.async_grpo.vllm_client import VLLMClient  # noqa: E402
 from trl_rpg import AsyncRPGConfig, AsyncRPGTrainer  # noqa: E402
 from trl_rpg._compat import async_trainer_on_cpu  # noqa: E402
 from trl_rpg.toy.async_rollouts import StaleRolloutWorker, VarlenAttention  # noqa: E402
-from trl_rpg.trainers import async_trainer as async_trainer_module  # noqa: E402
+from trl_rpg.trainers import async_runtime  # noqa: E402
 from trl_rpg.trainers.async_sampler import SamplerRefused, sampler_verdict, support_cuts  # noqa: E402
 
 URL = "http://stub-server:8000"
@@ -87,7 +87,7 @@ def build(model_path, tmp_path, monkeypatch, mode, trl_worker=True, **fields):
     monkeypatch.setattr(async_rollout_worker, "is_aiohttp_available", lambda: True)
     # TRL's own worker on a machine without CUDA: the runtime check (tests/test_async_runtime.py) would refuse it
     # before the sampler verdict this file tests; the worker is built, never started.
-    monkeypatch.setattr(async_trainer_module, "check_async_runtime", lambda positional, kwargs: None)
+    monkeypatch.setattr(async_runtime, "check_async_runtime", lambda positional, kwargs: None)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     stand_in = StaleRolloutWorker(model_path, prompts(), length_reward, tokenizer, num_generations=2,
                                   max_completion_length=4)
