@@ -11,15 +11,17 @@
   Every check that needs no model (settings, data file, reward functions, the columns they read) runs before the
   model is loaded; a mistake ends the run with one `error:` line naming what to fix.
 * `trl-rpg demo` trains a tiny bundled model on a toy arithmetic task on CPU (see `trl_rpg.cli.toy_demo`); `trl-rpg
-  demo
-  --async` trains it with AsyncRPGTrainer and TRL's AsyncGRPOTrainer on stale CPU rollouts
+  demo --async` trains it with AsyncRPGTrainer and TRL's AsyncGRPOTrainer on stale CPU rollouts
   (`trl_rpg.cli.async_toy_demo`).
 
 The modules, each importing only those listed before it: `reward_funcs` (reward-function names and import paths),
 `arguments` (the parser, help texts, usage errors), `data` (the training data), `checks` (what a run trains on,
 checked before anything loads), `training` (training in this process), `launcher` (`trl-rpg train`: one process
 trained in this one, several by accelerate launch, ending with it), `demo` (`trl-rpg demo`), `plot`, `prepare`
-(`trl-rpg prepare smollm2`), `entry` (`main`). Every public name is importable from here.
+(`trl-rpg prepare smollm2`), `entry` (`main`); the demos `toy_demo`, `async_toy_demo`, `smollm2_demo`. Every public
+name is importable from here.
+
+May import: every layer of trl_rpg (the top one: docs/architecture.md).
 """
 
 import logging

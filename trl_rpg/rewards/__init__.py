@@ -9,6 +9,8 @@
 
 Every public name of these modules is importable from here (``from trl_rpg.rewards import math_reward``).
 No module of the package imports torch.
+
+May import: nothing else of trl_rpg (the bottom layer, beside `objectives`; docs/architecture.md).
 """
 
 from .functions import make_math_reward, make_overlong_punishment, math_reward, paper_math_reward

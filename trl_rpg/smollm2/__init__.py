@@ -6,6 +6,8 @@ not part of the training API (docs/smollm2.md).
 * :mod:`trl_rpg.smollm2.task` -- single-digit addition through the model's chat template, its reward and held-out
   evaluation.
 * :mod:`trl_rpg.cli.smollm2_demo` -- ``trl-rpg demo --model smollm2`` (imports the trainer: not imported here).
+
+May import: `trl_rpg.evaluation`, `trl_rpg.rewards`; never a trainer.
 """
 
 from .prepare import (
