@@ -410,7 +410,9 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
     part_cycles: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     trainers = {}
     for m in methods:
-        trainer = make_trainer(s, m, length, os.path.join(out_dir, m), rounds * s.reuse, callbacks=[Turns(m)])
+        turns = Turns(m)
+        trainer = make_trainer(s, m, length, os.path.join(out_dir, m), rounds * s.reuse, callbacks=[turns])
+        run_last(trainer, turns)
         trainer._generate_single_turn = replay
         time_parts(trainer, parts[m], clock)
         trainers[m] = trainer
@@ -434,6 +436,15 @@ def run_training_side(s: Settings, length: int, out_dir: str) -> dict:
             "step_cpu_s": {m: [c[1] / s.reuse for c in cycles[m][warm:]] for m in methods},
             "parts_s": {m: [{k: v / s.reuse for k, v in c.items()} for c in part_cycles[m][warm:]] for m in methods},
             "batches": batches}
+
+
+def run_last(trainer, callback) -> None:
+    """Move `callback` to the end of `trainer`'s callbacks, so that its `on_step_end` (where a cycle's clock stops and
+    the turn passes on) runs after every other callback's: the work the trainer adds there (RPG's `ParameterGuard`)
+    counts in its own cycle, not in the next trainer's (its thread would still be computing when that one starts,
+    and the CPU clock is the process's)."""
+    trainer.remove_callback(callback)
+    trainer.add_callback(callback)
 
 
 #: The parts of a training step that differ between the trainers, timed inside `run_training_side`: the loss

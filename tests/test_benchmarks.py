@@ -6,6 +6,7 @@ import math
 import os
 import statistics
 import sys
+import types
 
 import pytest
 import torch
@@ -102,6 +103,27 @@ def test_cost_smoke(tmp_path, keep_threads):
         parts = summ[m]["parts_ms_median"]
         assert 0 < parts["loss_without_model"] < 1e3 * summ[m]["step_s_median"]
     assert "loss without the model pass" in table
+
+
+def test_the_training_side_clock_stops_after_every_other_callback():
+    """`run_last`: the timing callback's `on_step_end` runs after the trainer's own (RPG's parameter guard)."""
+    from transformers.trainer_callback import CallbackHandler, TrainerCallback
+
+    order = []
+
+    class Named(TrainerCallback):
+        def __init__(self, name):
+            self.name = name
+
+        def on_step_end(self, args, state, control, **kwargs):
+            order.append(self.name)
+
+    timing = Named("timing")
+    handler = CallbackHandler([timing, Named("guard")], None, None, None, None)
+    trainer = types.SimpleNamespace(remove_callback=handler.remove_callback, add_callback=handler.add_callback)
+    cost.run_last(trainer, timing)
+    handler.on_step_end(types.SimpleNamespace(), types.SimpleNamespace(), types.SimpleNamespace())
+    assert order == ["guard", "timing"]
 
 
 def test_ratio_ci_pairs_rounds_and_refuses_zero_times():

@@ -19,7 +19,7 @@ from trl import GRPOConfig
 
 from trl_rpg import RPGConfig, RPGTrainer, cli
 from trl_rpg.run import checkpoint
-from trl_rpg.run.parameter_guard import NonFiniteParameters, first_non_finite
+from trl_rpg.run.parameter_guard import NonFiniteParameters, ParameterGuard, first_non_finite, maybe_non_finite
 from trl_rpg.run.reward_calls import checked_reward_function
 from trl_rpg.trainers.describe import batch_layout, describe_objective, off_policy_micro_batches
 
@@ -142,6 +142,38 @@ def test_first_non_finite_names_the_parameter():
     assert first_non_finite(named) == "b"
     assert first_non_finite(named[:2]) is None
     assert first_non_finite([("big", torch.tensor([3e38, -3e38]))]) is None  # large but finite
+
+
+def test_the_fused_check_flags_nan_and_inf_and_nothing_finite():
+    """`maybe_non_finite`: 1 when some element is NaN, inf or -inf (also in bfloat16), 0 for finite tensors."""
+    assert maybe_non_finite([torch.ones(3), torch.ones(0)]).item() == 0
+    assert maybe_non_finite([torch.ones(0)]).item() == 0
+    for bad in (math.nan, math.inf, -math.inf):
+        assert maybe_non_finite([torch.ones(3), torch.tensor([1.0, bad])]).item() == 1, bad
+        assert maybe_non_finite([torch.tensor([bad], dtype=torch.bfloat16)]).item() == 1, bad
+
+
+def guard_call(guard, model, step=3):
+    args, state = RPGConfig.__new__(RPGConfig), type("State", (), {"global_step": step})()
+    args.learning_rate, args.weight_decay, args.adam_epsilon, args.optim = 1e-3, 0.0, 1e-8, "adamw_torch"
+    return guard.on_step_end(args, state, None, model=model)
+
+
+def test_the_parameter_guard_costs_one_collective_and_an_overflowing_norm_does_not_stop_the_run():
+    """A finite step: one collective (the fused check's flag). Parameters of 3e38 overflow the fused norm: the exact
+    check (a second collective) finds every element finite and the run goes on; an inf then stops it, naming it."""
+    model, flags = torch.nn.Linear(2, 2), []
+    guard = ParameterGuard(reduce=lambda flag: flags.append(flag.item()) or flag)
+    guard_call(guard, model)
+    assert flags == [0.0]
+    with torch.no_grad():
+        model.weight.fill_(3e38)
+    guard_call(guard, model)
+    assert flags == [0.0, 1.0, 0.0]
+    with torch.no_grad():
+        model.weight[1, 0] = math.inf
+    with pytest.raises(NonFiniteParameters, match=r"after optimizer step 3 `weight` is not finite"):
+        guard_call(guard, model)
 
 
 # ----------------------------------------------------------------------------------------------------------------
