@@ -271,6 +271,10 @@ def cli(module, argv, prog: str, regime_help: str):
     p.add_argument("--quick", action="store_true", help="smoke: 2 steps, 1 tuning and 1 reported seed, tiny grids")
     p.add_argument("--find-regime", action="store_true", help=regime_help)
     p.add_argument("--workers", type=int)
+    p.add_argument("--methods", nargs="+", help=f"the arms to run (default: all; {d.baseline} is always one)")
+    p.add_argument("--levels", nargs="+", type=int, help=f"the reported {d.level} levels (default {d.levels} of FULL)")
+    p.add_argument("--regime-levels", nargs="+", type=int,
+                   help=f"the {d.level} levels of the regime curve (with --find-regime)")
     p.add_argument("--output", help=f"JSON path (default benchmarks/results/{d.name}.json)")
     p.add_argument("--resume", metavar="JSON", help="continue a results file with its settings")
     p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plots of a results file")
@@ -292,6 +296,12 @@ def cli(module, argv, prog: str, regime_help: str):
             s.find_regime = True
         if a.workers:
             s.workers = a.workers
+        if a.methods:
+            s.methods = tuple(a.methods)
+        if a.levels:
+            setattr(s, d.levels, tuple(a.levels))
+        if a.regime_levels:
+            setattr(s, d.regime_levels, tuple(a.regime_levels))
         try:
             module.check_settings(s)
         except ValueError as error:

@@ -1796,6 +1796,10 @@ MUTATIONS = [
              "{**(overrides or {}), **spec}))",
              "tests/test_tuning_learning.py -k reaches_the_trainers_config"),
     # issue 48 (no import circle in benchmarks/): the extensions are their own commands
+    Mutation("benchmarks: a tuned command ignores --levels", "benchmarks/tuned.py",
+             "            setattr(s, d.levels, tuple(a.levels))",
+             "            pass",
+             "tests/test_benchmark_commands.py -k arms_and_levels"),
     Mutation("benchmarks: asynchronous.py hands --tuned to its extension again (an import circle)",
              "benchmarks/asynchronous.py",
              "        p.error(moved_flag(\"--tuned\", \"benchmarks.asynchronous_tuned\"))",

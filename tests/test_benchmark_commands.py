@@ -120,3 +120,27 @@ def test_cost_vllm_spawns_its_children_through_child(tmp_path, monkeypatch):
     assert cost_vllm._spawn(s, None, 8)["rounds"] == s.train_rounds
     assert cost_vllm._spawn(s, "RPG(engine)", 16) == {"method": "RPG(engine)", "length": 16}
     assert [c[3] for c in commands] == ["--child", "--child"] and all(os.path.isabs(c[4]) for c in commands)
+
+
+@pytest.mark.parametrize("module,levels,regime", [(asynchronous_tuned, "staleness", "regime_staleness"),
+                                                  (learning_tuned, "reuse_levels", "regime_reuse")])
+def test_a_tuned_command_runs_the_arms_and_levels_asked_for(module, levels, regime, tmp_path, monkeypatch):
+    """`--methods`, `--levels`, `--regime-levels` (a regime curve of the baseline alone, as docs/benchmarks.md's
+    asynchronous regime search ran) reach the settings the run gets; an arm the benchmark lacks is refused."""
+    seen = {}
+
+    def fake_run(s, json_path=None, previous=None):
+        seen["s"] = s
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module, "run", fake_run)
+    baseline = module.DESIGN.baseline
+    with pytest.raises(SystemExit):
+        module.main(["--methods", baseline, "--levels", "1", "8", "--find-regime", "--regime-levels", "16", "96",
+                     "--output", str(tmp_path / "r.json")])
+    s = seen["s"]
+    assert s.methods == (baseline,) and getattr(s, levels) == (1, 8) and getattr(s, regime) == (16, 96)
+    assert s.find_regime
+    with pytest.raises(SystemExit) as error:
+        module.main(["--methods", "no such arm", "--output", str(tmp_path / "r.json")])
+    assert error.value.code == 2
