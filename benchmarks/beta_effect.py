@@ -26,9 +26,11 @@ import torch
 
 BETAS = (0.0, 1e-4, 1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
 SEEDS = (0, 1, 2)
-#: (divergence, estimator, reference) settings measured; "periodic" refreshes the reference every 4 steps.
+#: (divergence, estimator, reference) settings measured; "periodic" refreshes the reference every `PERIODIC_EVERY`
+#: optimizer steps, out of step with the generation batches (every 4: a reference refreshed with them is the sampler).
 SETTINGS = (("urkl", "reinforce", "sampling"), ("ufkl", "differentiable", "sampling"),
             ("urkl", "reinforce", "periodic"))
+PERIODIC_EVERY = 3
 RL_ARGS = dict(max_steps=8, per_device_train_batch_size=32, num_generations=8, steps_per_generation=4,
                learning_rate=1e-4, lr_scheduler_type="constant", scale_rewards="group")
 #: The baseline of a reference other than the sampler, which RPGConfig refuses at beta = 0.
@@ -53,7 +55,7 @@ def train_once(setting, beta, seed, start_state, tokenizer, dataset, logdir):
     kwargs = demo_config_kwargs(logdir, seed=seed, **RL_ARGS)
     kwargs.update(beta=beta, rpg_divergence=divergence, rpg_estimator=estimator, rpg_reference=reference)
     if reference == "periodic":
-        kwargs["rpg_reference_update_steps"] = 4
+        kwargs["rpg_reference_update_steps"] = PERIODIC_EVERY
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         args = RPGConfig(**kwargs)
@@ -80,7 +82,8 @@ def main(argv=None):
             results = json.load(f)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     results.update(commit=results.get("commit", commit), betas=list(BETAS), seeds=ns.seeds,
-                   settings=[list(s) for s in SETTINGS], rl_args=RL_ARGS,
+                   settings=[list(s) for s in SETTINGS], rl_args=RL_ARGS, periodic_every=PERIODIC_EVERY,
+                   baseline_beta_of_periodic=BASELINE_BETA,
                    effect="||theta(beta) - theta(0)|| / ||theta(0) - theta_start||", toy="build_toy_model() seed 0")
     done = {(r["divergence"], r["estimator"], r["reference"], r["seed"], r["beta"]) for r in results["rows"]}
     model, tokenizer = toy.build_toy_model(output_dir=TOY_DIR)

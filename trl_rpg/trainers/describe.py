@@ -286,7 +286,7 @@ def ignored_fields_warning(args) -> str | None:
 #: Below this beta the KL term cannot act against std-normalised advantages (|A| ~ 1): on the toy task
 #: (benchmarks/beta_effect.py, docs/benchmarks.md "How small a beta acts") beta = 1e-4 moved the trained parameters
 #: by at most 0.04% of the beta = 0 run's movement, over 3 seeds, URKL and UFKL, both estimators, sampler and periodic
-#: reference; beta = 1e-3 by 0.02-1.1%; beta = 0.1 by 2-7%, beta = 1 by 14-35%.
+#: reference; beta = 1e-3 by 0.02-1.1%; beta = 0.1 by 2-7%, beta = 1 by 13-37%.
 BETA_ACTS_FROM = 1e-3
 
 
