@@ -2067,6 +2067,22 @@ MUTATIONS = [
              "        if verdict.fresh or not verdict.cached:",
              "        if True:",
              "tests/test_upgrade_check.py -k passed_check"),
+    Mutation("beta too small: the threshold comparison not strict", "trl_rpg/trainers/describe.py",
+             "    if not 0 < args.beta < BETA_ACTS_FROM:",
+             "    if not 0 < args.beta <= BETA_ACTS_FROM:",
+             "tests/test_beta_too_small.py"),
+    Mutation("beta too small: warned with advantages at the reward's scale", "trl_rpg/trainers/describe.py",
+             '    if getattr(args, "scale_rewards", "group") in ("none", False):',
+             '    if getattr(args, "scale_rewards", "group") in ("nothing",):',
+             "tests/test_beta_too_small.py"),
+    Mutation("beta too small: warned again where the KL term is inert", "trl_rpg/trainers/describe.py",
+             '    if hasattr(args, "steps_per_generation") and kl_term_is_inert(args):',
+             '    if False:',
+             "tests/test_beta_too_small.py"),
+    Mutation("beta too small: AsyncRPGConfig says nothing", "trl_rpg/trainers/async_config.py",
+             '        if too_small := beta_too_small_warning(self, "AsyncRPGConfig"):',
+             '        if too_small := None:',
+             "tests/test_beta_too_small.py"),
 ]
 
 def run(mutation: Mutation) -> tuple[bool, str, float]:

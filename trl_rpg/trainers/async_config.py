@@ -6,6 +6,7 @@ Importing this module imports `trl.experimental` (TRL warns that its API is expe
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -26,6 +27,7 @@ from ..run import hub_uploads
 from ..run.parameter_guard import check_optimizer_settings
 from ..upgrade.async_fields import ASYNC_FIELDS, REFERENCE_REASON
 from .async_checks import check_async_fields
+from .describe import beta_too_small_warning
 
 
 @dataclass
@@ -85,6 +87,8 @@ class AsyncRPGConfig(AsyncGRPOConfig):
             refuse("AsyncRPGConfig", "rpg_reference", self.rpg_reference, f"only 'sampling' is offered here: "
                                                                           f"{REFERENCE_REASON}")
         super().__post_init__()
+        if too_small := beta_too_small_warning(self, "AsyncRPGConfig"):
+            warnings.warn(too_small, UserWarning, stacklevel=3)
 
     @classmethod
     def from_async_grpo_config(cls, args: AsyncGRPOConfig) -> AsyncRPGConfig:

@@ -26,7 +26,13 @@ from ..objectives.config_fields import config_field as _field
 from ..objectives.config_fields import finite as _finite
 from ..run import hub_uploads
 from ..run.parameter_guard import check_optimizer_settings
-from .describe import ignored_fields_warning, inert_kl_warning, kl_term_is_inert, truncated_sampling_warning
+from .describe import (
+    beta_too_small_warning,
+    ignored_fields_warning,
+    inert_kl_warning,
+    kl_term_is_inert,
+    truncated_sampling_warning,
+)
 from .sampler_logps import MODES as SAMPLER_LOGPS_MODES
 from .sampler_logps import check_config as check_sampler_logps
 
@@ -260,6 +266,8 @@ class RPGConfig(GRPOConfig):
         super().__post_init__()
         if kl_term_is_inert(self):
             warnings.warn(inert_kl_warning(self), UserWarning, stacklevel=3)
+        if too_small := beta_too_small_warning(self):
+            warnings.warn(too_small, UserWarning, stacklevel=3)
         if truncated_sampling_warning(self):
             warnings.warn(truncated_sampling_warning(self), UserWarning, stacklevel=3)
         if ignored := ignored_fields_warning(self):
