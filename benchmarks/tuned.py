@@ -68,7 +68,8 @@ def key(phase, method, level, seed, setting) -> tuple:
 
 def report_jobs(d: Design, s, chosen: dict) -> list[tuple]:
     tuning.check_reported(protocol(s), s.reported_seeds)
-    return [(m, level, seed, chosen[m], "report") for seed in s.reported_seeds for level in getattr(s, d.levels)
+    # Level by level, in the order given: an interrupted run leaves whole levels (every arm on every seed) behind.
+    return [(m, level, seed, chosen[m], "report") for level in getattr(s, d.levels) for seed in s.reported_seeds
             for m in s.methods]
 
 
@@ -257,6 +258,22 @@ def plot(d: Design, s, summary: dict, path: str) -> str | None:
     return save_figure(fig, path)
 
 
+def _arms_and_levels(parser, module, s, a) -> None:
+    """The arms and levels the command line asks for, into the settings `s`; an arm or level the protocol refuses ends
+    the command with the parser's error."""
+    d = module.DESIGN
+    if a.methods:
+        s.methods = tuple(a.methods)
+    if a.levels:
+        setattr(s, d.levels, tuple(a.levels))
+    if a.regime_levels:
+        setattr(s, d.regime_levels, tuple(a.regime_levels))
+    try:
+        module.check_settings(s)
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def cli(module, argv, prog: str, regime_help: str):
     """The command line of a tuned comparison: `module` (asynchronous_tuned, learning_tuned) gives `DESIGN`, `FULL`,
     `QUICK`, `HEADING`, `check_settings`, `run`, `summarize`, `settings_from_dict`, `markdown`, `plot` and
@@ -276,7 +293,8 @@ def cli(module, argv, prog: str, regime_help: str):
     p.add_argument("--regime-levels", nargs="+", type=int,
                    help=f"the {d.level} levels of the regime curve (with --find-regime)")
     p.add_argument("--output", help=f"JSON path (default benchmarks/results/{d.name}.json)")
-    p.add_argument("--resume", metavar="JSON", help="continue a results file with its settings")
+    p.add_argument("--resume", metavar="JSON", help="continue a results file with its settings (--methods, --levels "
+                   "and --regime-levels replace the file's: a file grows by arms and levels, its runs all kept)")
     p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plots of a results file")
     a = p.parse_args(argv)
     if a.summarize or a.resume:
@@ -286,6 +304,8 @@ def cli(module, argv, prog: str, regime_help: str):
         s = module.settings_from_dict(previous["settings"])
         if a.workers:
             s.workers = a.workers
+        if a.resume:
+            _arms_and_levels(p, module, s, a)
         if a.summarize:
             result = {**previous, "summary": module.summarize(s, previous)}
         else:
@@ -296,16 +316,7 @@ def cli(module, argv, prog: str, regime_help: str):
             s.find_regime = True
         if a.workers:
             s.workers = a.workers
-        if a.methods:
-            s.methods = tuple(a.methods)
-        if a.levels:
-            setattr(s, d.levels, tuple(a.levels))
-        if a.regime_levels:
-            setattr(s, d.regime_levels, tuple(a.regime_levels))
-        try:
-            module.check_settings(s)
-        except ValueError as error:
-            p.error(str(error))
+        _arms_and_levels(p, module, s, a)
         json_path = a.output or default_results_path(d.name, a.quick)
         result = module.run(s, json_path=json_path)
     base = os.path.splitext(json_path)[0]

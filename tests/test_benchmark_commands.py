@@ -144,3 +144,30 @@ def test_a_tuned_command_runs_the_arms_and_levels_asked_for(module, levels, regi
     with pytest.raises(SystemExit) as error:
         module.main(["--methods", "no such arm", "--output", str(tmp_path / "r.json")])
     assert error.value.code == 2
+
+
+@pytest.mark.parametrize("module,levels", [(asynchronous_tuned, "staleness"), (learning_tuned, "reuse_levels")])
+def test_a_resumed_results_file_grows_by_the_arms_and_levels_asked_for(module, levels, tmp_path, monkeypatch):
+    """`--resume FILE --methods ... --levels ...`: the file's settings with those replaced, its runs handed on; without
+    them the file's own; an arm the benchmark lacks is refused there too."""
+    seen = {}
+
+    def fake_run(s, json_path=None, previous=None):
+        seen.update(s=s, previous=previous, json_path=json_path)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module, "run", fake_run)
+    baseline, other = module.DESIGN.baseline, [m for m in module.DESIGN.regularised if m != module.DESIGN.baseline][0]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"settings": {"methods": [baseline], levels: [4], "workers": 1},
+                                "runs": [{"phase": "tune", "method": baseline}]}))
+    with pytest.raises(SystemExit):
+        module.main(["--resume", str(path)])
+    assert seen["s"].methods == (baseline,) and getattr(seen["s"], levels) == (4,)
+    with pytest.raises(SystemExit):
+        module.main(["--resume", str(path), "--methods", baseline, other, "--levels", "8", "2"])
+    assert seen["s"].methods == (baseline, other) and getattr(seen["s"], levels) == (8, 2)
+    assert seen["previous"]["runs"] == [{"phase": "tune", "method": baseline}] and seen["json_path"] == str(path)
+    with pytest.raises(SystemExit) as error:
+        module.main(["--resume", str(path), "--methods", "no such arm"])
+    assert error.value.code == 2
