@@ -56,7 +56,8 @@ def runs(tmp_path_factory):
     _run([sys.executable, str(SCRIPT), spec("one", [{"name": "one", "per_device": 8}])], folder)
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
           str(SCRIPT), spec("two", [{"name": "two", "per_device": 4},
-                                    {"name": "poisoned", "per_device": 4, "poison_rank": 1, "poison_step": 2}])],
+                                    {"name": "poisoned", "per_device": 4, "poison_rank": 1, "poison_step": 2,
+                                     "max_steps": 2}])],
          folder)
 
     def ranks(name, n):

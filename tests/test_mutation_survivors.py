@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from _tiny import cpu_args
+from transformers import TrainerControl
 
 from trl_rpg import RPGConfig, _compat
 from trl_rpg.run.hub_uploads import HubUploads, Upload, upload_checkpoint
@@ -32,13 +33,13 @@ def test_a_nan_in_a_bias_or_norm_stops_the_run_naming_it():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
     assert {name for name, _ in local_parameters(model)} == {"0.weight", "0.bias", "1.weight", "1.bias"}
     guard = ParameterGuard(reduce=lambda flag: flag)
-    args, state = RPGConfig.__new__(RPGConfig), type("State", (), {"global_step": 3})()
+    args, state = RPGConfig.__new__(RPGConfig), type("State", (), {"global_step": 3, "max_steps": 3})()
     args.learning_rate, args.weight_decay, args.adam_epsilon, args.optim = 1e-3, 0.0, 1e-8, "adamw_torch"
-    guard.on_step_end(args, state, None, model=model)  # finite: nothing
+    guard.on_step_end(args, state, TrainerControl(), model=model)  # finite: nothing
     with torch.no_grad():
         model[1].bias[0] = float("nan")
     with pytest.raises(NonFiniteParameters, match=r"after optimizer step 3 `1\.bias` is not finite"):
-        guard.on_step_end(args, state, None, model=model)
+        guard.on_step_end(args, state, TrainerControl(), model=model)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,11 +15,19 @@ import pandas as pd
 import pytest
 import torch
 from _tiny import cpu_args, digit_reward, save_tiny_model, tiny_dataset
+from transformers import TrainerControl
 from trl import GRPOConfig
 
 from trl_rpg import RPGConfig, RPGTrainer, cli
 from trl_rpg.run import checkpoint
-from trl_rpg.run.parameter_guard import NonFiniteParameters, ParameterGuard, first_non_finite, maybe_non_finite
+from trl_rpg.run.parameter_guard import (
+    CHECK_EVERY,
+    NonFiniteParameters,
+    ParameterGuard,
+    check_due,
+    first_non_finite,
+    maybe_non_finite,
+)
 from trl_rpg.run.reward_calls import checked_reward_function
 from trl_rpg.trainers.describe import batch_layout, describe_objective, off_policy_micro_batches
 
@@ -153,10 +161,59 @@ def test_the_fused_check_flags_nan_and_inf_and_nothing_finite():
         assert maybe_non_finite([torch.tensor([bad], dtype=torch.bfloat16)]).item() == 1, bad
 
 
-def guard_call(guard, model, step=3):
-    args, state = RPGConfig.__new__(RPGConfig), type("State", (), {"global_step": step})()
+def guard_call(guard, model, step=3, max_steps=3, save=False):
+    """The guard after optimizer step `step` of `max_steps` (the last one by default: always checked)."""
+    state = type("State", (), {"global_step": step, "max_steps": max_steps})()
+    return guard.on_step_end(guard_args(), state, TrainerControl(should_save=save), model=model)
+
+
+def guard_args():
+    args = RPGConfig.__new__(RPGConfig)
     args.learning_rate, args.weight_decay, args.adam_epsilon, args.optim = 1e-3, 0.0, 1e-8, "adamw_torch"
-    return guard.on_step_end(args, state, None, model=model)
+    return args
+
+
+def test_the_parameters_are_checked_before_every_save_at_the_end_after_a_skipped_step_and_every_k_steps():
+    """`check_due`: a step that saves, the last step, a stop, a step after the gradient guard skipped one, every
+    `every`-th step; no other."""
+    quiet = TrainerControl()
+    assert [s for s in range(1, 30) if check_due(s, quiet, 100, False, every=10)] == [10, 20]
+    assert check_due(3, TrainerControl(should_save=True), 100, False)
+    assert check_due(3, TrainerControl(should_training_stop=True), 100, False)
+    assert check_due(100, quiet, 100, False) and check_due(3, quiet, 100, True)
+    assert CHECK_EVERY == 10
+
+
+def test_a_nan_the_loss_does_not_reach_is_found_at_the_next_due_check_and_a_skipped_step_checks_at_once():
+    """A NaN written after step 4 of 100 (no save, no skipped step): steps 5-9 go on, step 10 stops naming it and the
+    last good check. A gradient-guard skip makes the very next step's check due; the end of training checks a step
+    `on_step_end` did not."""
+    model, flags, skipped = torch.nn.Linear(2, 2), [], [0]
+    guard = ParameterGuard(reduce=lambda flag: flags.append(flag.item()) or flag, skipped_steps=lambda: skipped[0])
+    for step in range(1, 5):
+        guard_call(guard, model, step=step, max_steps=100)
+    assert flags == []  # nothing due yet: no collective either
+    with torch.no_grad():
+        model.weight[0, 0] = math.nan
+    for step in range(5, 10):
+        guard_call(guard, model, step=step, max_steps=100)
+    with pytest.raises(NonFiniteParameters, match=r"after optimizer step 10 `weight` is not finite \(NaN or inf; no "
+                                                  r"earlier check\)"):
+        guard_call(guard, model, step=10, max_steps=100)
+    model, skipped = torch.nn.Linear(2, 2), [0]
+    guard = ParameterGuard(reduce=lambda flag: flag, skipped_steps=lambda: skipped[0])
+    guard_call(guard, model, step=10, max_steps=100)  # checked: finite
+    with torch.no_grad():
+        model.bias[1] = math.inf
+    guard_call(guard, model, step=11, max_steps=100)  # not due
+    skipped[0] = 1
+    with pytest.raises(NonFiniteParameters, match=r"after optimizer step 12 `bias` is not finite \(NaN or inf; the "
+                                                  r"last check found every parameter finite after step 10\)"):
+        guard_call(guard, model, step=12, max_steps=100)
+    guard = ParameterGuard(reduce=lambda flag: flag)
+    state = type("State", (), {"global_step": 13, "max_steps": 100})()
+    with pytest.raises(NonFiniteParameters, match=r"after optimizer step 13 `bias`"):
+        guard.on_train_end(guard_args(), state, TrainerControl(), model=model)
 
 
 def test_the_parameter_guard_costs_one_collective_and_an_overflowing_norm_does_not_stop_the_run():

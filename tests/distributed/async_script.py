@@ -1,6 +1,6 @@
 """AsyncRPGTrainer on one CPU process, or on each of two (`torch.distributed.run`, gloo), for
 tests/test_async_distributed.py. argv: a JSON spec {model_dir, output_dir, result, runs: [{name, per_device,
-poison_rank?, poison_step?}]}. The stand-in worker (`trl_rpg.toy.async_rollouts`, on the main process) samples at
+poison_rank?, poison_step?, max_steps?}]}. The stand-in worker (`trl_rpg.toy.async_rollouts`, on the main process) samples at
 staleness 0 from the same seed in every layout; each run writes, per rank, `{result}.{name}.rank{r}.json` (the error
 it ended in, if any) and, on rank 0, `{result}.{name}.pt` (the final parameters)."""
 
@@ -51,7 +51,8 @@ def main():
                                     groups_per_call=MICRO_BATCH // GENERATIONS)
         args = AsyncRPGConfig(output_dir=os.path.join(spec["output_dir"], run["name"]),
                               per_device_train_batch_size=run["per_device"], num_generations=GENERATIONS,
-                              max_completion_length=LENGTH, max_steps=3, gradient_accumulation_steps=2,
+                              max_completion_length=LENGTH, max_steps=run.get("max_steps", 3),
+                              gradient_accumulation_steps=2,
                               optim="sgd", learning_rate=0.5, max_grad_norm=0.0, max_staleness=4, token_budget=0,
                               use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
                               seed=0, disable_tqdm=True, beta=0.1)

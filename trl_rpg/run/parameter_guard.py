@@ -1,6 +1,7 @@
 """No non-finite parameters: the optimizer settings that would write NaN or inf into them are refused up front
-(`check_optimizer_settings`), and a run whose parameters are not finite after an optimizer step stops there
-(`ParameterGuard`), before anything is saved from it.
+(`check_optimizer_settings`), and a run whose parameters are not finite after an optimizer step stops at the next
+check (`ParameterGuard`: every save, the end, after a skipped step, every `CHECK_EVERY` steps), before anything is saved
+from it.
 
 The gradient guard (`gradient_guard`) skips a step whose gradient is not finite; it cannot see a finite gradient
 that the optimizer turns into NaN or inf: `learning_rate=inf` (inf times any gradient), `adam_epsilon=0` (AdamW
@@ -116,35 +117,73 @@ def first_non_finite(named: list[tuple[str, torch.Tensor]]) -> str | None:
     return next((name for name, tensor in named if tensor.numel() and not torch.isfinite(tensor).all()), None)
 
 
-class ParameterGuard(TrainerCallback):
-    """After every optimizer step, stop the run with `NonFiniteParameters` if any parameter holds NaN or inf (on any
-    process: `reduce` sums a flag tensor over them, moving it where the collective needs it; every process raises).
-    It runs before the step's logging and saving, so no checkpoint or final model with such parameters is written,
-    and rotation deletes no earlier checkpoint for it.
+#: Between saves, the parameters are checked every `CHECK_EVERY` optimizer steps (besides the checks `check_due` always
+#: makes): one fused pass over every parameter costs about 1.5% of a CPU step of the cost benchmark's 24M-parameter
+#: model (docs/benchmarks.md section 2), a tenth of that every tenth step.
+CHECK_EVERY = 10
 
-    Per step: one fused norm over this process's parameters (`maybe_non_finite`), one collective, one host sync. Only
+
+def check_due(step: int, control, max_steps: int, skipped_since_check: bool, every: int = CHECK_EVERY) -> bool:
+    """Whether the parameters are checked after optimizer step `step` (1-based): always before anything is saved
+    from it (`control.should_save`, and the last step, after which the final model is saved), when the gradient
+    guard skipped a step since the last check (a non-finite gradient is the usual sign of non-finite parameters:
+    the run stops on the parameters at once instead of skipping every later step), and every `every` steps."""
+    return (control.should_save or control.should_training_stop or step >= max_steps or skipped_since_check
+            or step % every == 0)
+
+
+class ParameterGuard(TrainerCallback):
+    """Stop the run with `NonFiniteParameters` if any parameter holds NaN or inf (on any process: `reduce` sums a flag
+    tensor over them, moving it where the collective needs it; every process raises), checked after the optimizer
+    steps `check_due` names and at the end of training. It runs before the step's logging and saving, so no checkpoint
+    or final model with such parameters is written, and rotation deletes no earlier checkpoint for it.
+
+    What it promises: nothing non-finite is saved (every save and the end are checked), and non-finite parameters
+    never go on training in silence (their next gradient is not finite, the gradient guard skips that step, and the
+    check after it stops the run); a non-finite value the loss does not reach (an embedding row of a token no batch
+    holds) is found at most `every` - 1 steps late, before anything is saved. All processes decide alike (the step,
+    `control` and the skipped-step count are the same on each), so the collectives match.
+
+    A check: one fused norm over this process's parameters (`maybe_non_finite`), one collective, one host sync. Only
     when some process's norm is not finite does each process look for the tensor element by element
     (`first_non_finite`) and a second collective decide: a norm that merely overflowed (large finite values) does
-    not stop the run."""
+    not stop the run. `skipped_steps` returns the trainer's count of steps the gradient guard skipped."""
 
-    def __init__(self, reduce, trainer: str = "RPGTrainer"):
-        self.reduce, self.trainer = reduce, trainer
+    def __init__(self, reduce, trainer: str = "RPGTrainer", skipped_steps=lambda: 0, every: int = CHECK_EVERY):
+        self.reduce, self.trainer, self.skipped_steps, self.every = reduce, trainer, skipped_steps, every
+        self.checked = (0, 0)  # (the step of the last check, the skipped-step count then)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
+        skipped = self.skipped_steps()
+        if check_due(state.global_step, control, state.max_steps, skipped != self.checked[1], self.every):
+            self.check(args, state.global_step, model)
+            self.checked = (state.global_step, skipped)
+        return control
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        # a stop another callback asked for after this one ran: the model about to be saved is checked too
+        if self.checked[0] != state.global_step:
+            self.check(args, state.global_step, model)
+            self.checked = (state.global_step, self.skipped_steps())
+        return control
+
+    def check(self, args, step: int, model) -> None:
         named = local_parameters(model)
         if self.reduce(maybe_non_finite([tensor for _, tensor in named])).item() == 0:
-            return control
+            return
         name = first_non_finite(named)
         if self.reduce(torch.tensor([0.0 if name is None else 1.0])).item() == 0:
-            return control
+            return
         where = f"`{name}` is" if name is not None else "a parameter held by another process is"
+        since = f"the last check found every parameter finite after step {self.checked[0]}" if self.checked[0] else (
+            "no earlier check")
         raise NonFiniteParameters(
-            f"{self.trainer}: after optimizer step {state.global_step} {where} not finite (NaN or inf): the optimizer "
+            f"{self.trainer}: after optimizer step {step} {where} not finite (NaN or inf; {since}): the optimizer "
             "wrote it from a finite gradient (a non-finite gradient is skipped before the step). Training stopped "
             f"before saving anything from this step (learning_rate={args.learning_rate}, weight_decay="
             f"{args.weight_decay}, adam_epsilon={args.adam_epsilon}, optim={getattr(args.optim, 'value', args.optim)}"
             "; or the optimizer passed to the trainer). The checkpoints saved before it are intact.")
 
 
-__all__ = ["DDP_TIMEOUT_RANGE", "MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard", "check_ddp_timeout",
-           "check_optimizer_settings", "first_non_finite", "local_parameters", "maybe_non_finite"]
+__all__ = ["CHECK_EVERY", "DDP_TIMEOUT_RANGE", "MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard",
+           "check_ddp_timeout", "check_due", "check_optimizer_settings", "first_non_finite", "local_parameters", "maybe_non_finite"]

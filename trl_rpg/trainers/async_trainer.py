@@ -83,9 +83,10 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
     def __init__(self, model, reward_funcs=None, args: AsyncRPGConfig | None = None, *positional, **kwargs):
         args = construction.async_before_load(model, args, positional, kwargs)  # nothing loaded yet
         super().__init__(model, reward_funcs, args, *positional, **kwargs)
-        # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
+        # parameters the optimizer made NaN/inf stop the run before anything is saved (checked at every save, the end,
+        # after a skipped step and every CHECK_EVERY steps)
         self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
-                                         trainer="AsyncRPGTrainer"))
+                                         trainer="AsyncRPGTrainer", skipped_steps=lambda: self.skipped_steps))
         self.skipped_steps = 0
         self.batches_with_signal = 0  # micro-batches with a trained token of non-zero advantage (this train() call)
         # --- run guarantees, as RPGTrainer's (checkpointing): every Hub upload's result read ---

@@ -104,8 +104,10 @@ class RPGTrainer(GRPOTrainer):
         if args.rpg_reference in MOVING:
             self.add_callback(ReferenceSchedule(self.reference))
         self._hub = checkpointing.hub_uploads(args, self.is_world_process_zero(), args.rpg_hub_upload_timeout)
-        # after every optimizer step: parameters the optimizer made NaN/inf stop the run before anything is saved
-        self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum")))
+        # parameters the optimizer made NaN/inf stop the run before anything is saved (checked at every save, the end,
+        # after a skipped step and every CHECK_EVERY steps)
+        self.add_callback(ParameterGuard(lambda t: self.accelerator.reduce(t.to(self.accelerator.device), "sum"),
+                                         skipped_steps=lambda: self.skipped_steps))
         construction.after_load(self)  # precision, tokenized prompts, the training forward's dropout
 
     @property
