@@ -449,9 +449,14 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
     return result
 
 
+#: Runs a worker process does before it is replaced by a fresh one: a long benchmark's workers grew without bound
+#: otherwise (the asynchronous tuned comparison's two workers held 12 GiB each after ~170 runs, and swapped to a halt).
+TASKS_PER_WORKER = 8
+
+
 class WorkerPool:
-    """``workers`` spawned processes with one torch thread each (:func:`init_worker`), or inline when
-    ``workers <= 1``. :meth:`map` runs ``fn(*job)`` for every job and calls ``on_result(index, result)`` as each
+    """``workers`` spawned processes with one torch thread each (:func:`init_worker`), each replaced after
+    `TASKS_PER_WORKER` runs, or inline when ``workers <= 1``. :meth:`map` runs ``fn(*job)`` for every job and calls ``on_result(index, result)`` as each
     finishes (so a long benchmark can save partial results); it returns the results in job order."""
 
     def __init__(self, workers: int):
@@ -464,7 +469,7 @@ class WorkerPool:
             from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                                             initializer=init_worker)
+                                             initializer=init_worker, max_tasks_per_child=TASKS_PER_WORKER)
         else:
             init_worker()
         return self

@@ -530,3 +530,12 @@ def test_smollm2_saves_after_every_run_resumes_what_is_missing_and_plots(tmp_pat
     monkeypatch.undo()
     png = smollm2.plot(json.loads(out.read_text()), str(tmp_path / "smollm2.png"))
     assert png is None or os.path.getsize(png) > 0
+
+
+def test_a_worker_process_is_replaced_after_its_share_of_runs(monkeypatch):
+    """A long benchmark's workers are fresh processes every `TASKS_PER_WORKER` runs (they grew to 12 GiB each and
+    swapped otherwise): no process runs more than that, so more processes than workers serve one map."""
+    monkeypatch.setattr(_common, "TASKS_PER_WORKER", 2)
+    with _common.WorkerPool(2) as pool:
+        pids = pool.map(os.getpid, [()] * 6)
+    assert max(pids.count(pid) for pid in pids) <= 2 and len(set(pids)) >= 3
