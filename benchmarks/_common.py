@@ -451,25 +451,29 @@ def toy_rl_run(s, seed: int, trainer_cls, config, eval_every: int, log_keys=(), 
 
 #: Runs a worker process does before it is replaced by a fresh one: a long benchmark's workers grew without bound
 #: otherwise (the asynchronous tuned comparison's two workers held 12 GiB each after ~170 runs, and swapped to a halt).
+#: The pool itself is replaced (`ProcessPoolExecutor`'s own `max_tasks_per_child` hangs on Python 3.11 once a worker
+#: retires: no new one starts).
 TASKS_PER_WORKER = 8
 
 
 class WorkerPool:
-    """``workers`` spawned processes with one torch thread each (:func:`init_worker`), each replaced after
-    `TASKS_PER_WORKER` runs, or inline when ``workers <= 1``. :meth:`map` runs ``fn(*job)`` for every job and calls ``on_result(index, result)`` as each
-    finishes (so a long benchmark can save partial results); it returns the results in job order."""
+    """``workers`` spawned processes with one torch thread each (:func:`init_worker`), the pool replaced after every
+    ``workers * TASKS_PER_WORKER`` runs, or inline when ``workers <= 1``."""
 
     def __init__(self, workers: int):
         self.workers = workers
         self._pool = None
 
+    def _new_pool(self):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        return ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                                   initializer=init_worker)
+
     def __enter__(self):
         if self.workers > 1:
-            import multiprocessing as mp
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=mp.get_context("spawn"),
-                                             initializer=init_worker, max_tasks_per_child=TASKS_PER_WORKER)
+            self._pool = self._new_pool()
         else:
             init_worker()
         return self
@@ -489,10 +493,15 @@ class WorkerPool:
             return results
         from concurrent.futures import as_completed
 
-        futures = {self._pool.submit(fn, *job): i for i, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            i = futures[future]
-            results[i] = future.result()
-            if on_result is not None:
-                on_result(i, results[i])
+        chunk = self.workers * TASKS_PER_WORKER
+        for start in range(0, len(jobs), chunk):
+            if start:  # fresh processes for the next chunk of runs
+                self._pool.shutdown(wait=True)
+                self._pool = self._new_pool()
+            futures = {self._pool.submit(fn, *job): start + i for i, job in enumerate(jobs[start:start + chunk])}
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if on_result is not None:
+                    on_result(i, results[i])
         return results

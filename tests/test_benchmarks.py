@@ -533,9 +533,12 @@ def test_smollm2_saves_after_every_run_resumes_what_is_missing_and_plots(tmp_pat
 
 
 def test_a_worker_process_is_replaced_after_its_share_of_runs(monkeypatch):
-    """A long benchmark's workers are fresh processes every `TASKS_PER_WORKER` runs (they grew to 12 GiB each and
-    swapped otherwise): no process runs more than that, so more processes than workers serve one map."""
+    """A long benchmark's workers are fresh processes after every `workers * TASKS_PER_WORKER` runs (they grew to
+    12 GiB each and swapped otherwise): the runs of one chunk and of the next share no process, and every run's
+    result comes back in job order."""
     monkeypatch.setattr(_common, "TASKS_PER_WORKER", 2)
     with _common.WorkerPool(2) as pool:
-        pids = pool.map(os.getpid, [()] * 6)
-    assert max(pids.count(pid) for pid in pids) <= 2 and len(set(pids)) >= 3
+        pids = pool.map(os.getpid, [()] * 9)
+    chunks = [set(pids[i:i + 4]) for i in range(0, 9, 4)]
+    assert len(pids) == 9 and all(isinstance(pid, int) for pid in pids)
+    assert not chunks[0] & chunks[1] and not chunks[1] & chunks[2] and os.getpid() not in pids
