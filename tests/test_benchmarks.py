@@ -542,3 +542,35 @@ def test_a_worker_process_is_replaced_after_its_share_of_runs(monkeypatch):
     chunks = [set(pids[i:i + 4]) for i in range(0, 9, 4)]
     assert len(pids) == 9 and all(isinstance(pid, int) for pid in pids)
     assert not chunks[0] & chunks[1] and not chunks[1] & chunks[2] and os.getpid() not in pids
+
+
+def test_the_training_side_runs_with_the_allocator_pinned_and_a_trainer_run_with_the_defaults(monkeypatch):
+    """`PINNED_MALLOC` reaches the training side's process (three trainers in threads: glibc's per-thread arenas
+    and moving mmap threshold made the ratio depend on allocation history), not a single trainer's run;
+    `--default-malloc` turns it off."""
+    seen = {}
+
+    def fake_run(command, env=None, **kwargs):
+        spec = json.load(open(command[-1]))
+        seen[spec["method"]] = env
+        with open(spec["out"], "w") as f:
+            json.dump({}, f)
+        return types.SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(cost.subprocess, "run", fake_run)
+    for key in cost.PINNED_MALLOC:
+        monkeypatch.delenv(key, raising=False)
+    cost._spawn(cost.QUICK, None, 8)
+    cost._spawn(cost.QUICK, "RPG", 8)
+    assert all(seen[None][k] == v for k, v in cost.PINNED_MALLOC.items())
+    assert not set(cost.PINNED_MALLOC) & set(seen["RPG"])
+    cost._spawn(dataclasses.replace(cost.QUICK, pinned_malloc=False), None, 8)
+    assert not set(cost.PINNED_MALLOC) & set(seen[None])
+    ran = []
+    monkeypatch.setattr(cost, "run", lambda s, *a, **k: ran.append(s) or (_ for _ in ()).throw(SystemExit(0)))
+    for argv, pinned in (([], True), (["--default-malloc"], False)):
+        with pytest.raises(SystemExit):
+            cost.main(argv)
+        assert ran[-1].pinned_malloc is pinned
+    with pytest.raises(SystemExit):
+        cost.make_parser("cost_vllm").parse_args(["--default-malloc"])
