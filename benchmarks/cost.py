@@ -99,7 +99,8 @@ class Settings:
 #: [0.962, 1.012] with one arena, 0.990 [0.964, 1.016] with a fixed mmap threshold; at 256 tokens the defaults gave
 #: 0.976 (RPG faster). Run alone, each in its own process, the two trainers allocate the same (torch's memory profile:
 #: the same sizes, 19,532 against 19,541 page faults per step). Pinned: one arena, a fixed mmap threshold, no trimming.
-PINNED_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
+PINNED_MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+                 "MALLOC_TRIM_THRESHOLD_": str(1 << 32)}
 
 FULL = Settings()
 QUICK = Settings(hidden_size=256, num_layers=4, intermediate_size=1024, lengths=(32, 64), repetitions=2,

@@ -1,8 +1,8 @@
 """AsyncRPGTrainer on one CPU process, or on each of two (`torch.distributed.run`, gloo), for
 tests/test_async_distributed.py. argv: a JSON spec {model_dir, output_dir, result, runs: [{name, per_device,
-poison_rank?, poison_step?, max_steps?}]}. The stand-in worker (`trl_rpg.toy.async_rollouts`, on the main process) samples at
-staleness 0 from the same seed in every layout; each run writes, per rank, `{result}.{name}.rank{r}.json` (the error
-it ended in, if any) and, on rank 0, `{result}.{name}.pt` (the final parameters)."""
+poison_rank?, poison_step?, max_steps?}]}. The stand-in worker (`trl_rpg.toy.async_rollouts`, on the main process)
+samples at staleness 0 from the same seed in every layout; each run writes, per rank, `{result}.{name}.rank{r}.json`
+(the error it ended in, if any) and, on rank 0, `{result}.{name}.pt` (the final parameters)."""
 
 import json
 import os

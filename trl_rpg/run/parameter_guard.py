@@ -1,7 +1,7 @@
 """No non-finite parameters: the optimizer settings that would write NaN or inf into them are refused up front
 (`check_optimizer_settings`), and a run whose parameters are not finite after an optimizer step stops at the next
-check (`ParameterGuard`: every save, the end, after a skipped step, every `CHECK_EVERY` steps), before anything is saved
-from it.
+check (`ParameterGuard`: every save, the end, after a skipped step, every `CHECK_EVERY` steps), before anything is
+saved from it.
 
 The gradient guard (`gradient_guard`) skips a step whose gradient is not finite; it cannot see a finite gradient
 that the optimizer turns into NaN or inf: `learning_rate=inf` (inf times any gradient), `adam_epsilon=0` (AdamW
@@ -186,4 +186,5 @@ class ParameterGuard(TrainerCallback):
 
 
 __all__ = ["CHECK_EVERY", "DDP_TIMEOUT_RANGE", "MIN_ADAM_EPSILON", "NonFiniteParameters", "ParameterGuard",
-           "check_ddp_timeout", "check_due", "check_optimizer_settings", "first_non_finite", "local_parameters", "maybe_non_finite"]
+           "check_ddp_timeout", "check_due", "check_optimizer_settings", "first_non_finite", "local_parameters",
+           "maybe_non_finite"]
