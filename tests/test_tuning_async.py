@@ -142,3 +142,13 @@ def test_quick_writes_outside_the_committed_results(quick, monkeypatch):
         bench.main(["--quick"] if quick else [])
     folder = os.path.dirname(str(where.value))
     assert folder == (_common.QUICK_RESULTS_DIR if quick else os.path.abspath(_common.RESULTS_DIR))
+
+
+def test_reported_runs_go_level_by_level_in_the_order_given(settings):
+    """Every arm on every seed at one level before the next (an interruption leaves whole levels behind), in the
+    order of `staleness`, not sorted."""
+    chosen = {m: {"learning_rate": 7.5e-5} for m in settings.methods}
+    jobs = bench.report_jobs(dataclasses.replace(settings, staleness=(16, 0)), chosen)
+    levels = [job[1] for job in jobs]
+    per_level = len(settings.methods) * len(settings.reported_seeds)
+    assert levels == [16] * per_level + [0] * per_level
