@@ -62,6 +62,9 @@ class Settings:
     reuse: int = 4  # optimizer steps per generation batch (steps 2..4 of each batch are off-policy)
     eval_every: int = 12  # optimizer steps between held-out evaluations (step 0 once per seed, and the last step)
     eval_samples: int = 4  # sampled replies per held-out problem (plus one greedy reply)
+    operands: str = "single-digit"  # the task's problems (trl_rpg.smollm2.task.OPERANDS)
+    max_completion_length: int = 16  # tokens a reply may take (training and held-out evaluation)
+    temperature: float = 1.0  # sampling temperature of training and of the held-out sampled accuracy
     workers: int = 2
     model_cache: str | None = None  # None: trl_rpg's cache folder
     output_dir: str = os.path.join(CACHE_DIR, "smollm2-runs")
@@ -84,7 +87,9 @@ QUICK = Settings(seeds=(0,), methods=("RPG-REINFORCE-URKL", "GRPO"), generation_
 def _evaluate(model, tokenizer, s: Settings, seed: int) -> dict:
     from trl_rpg.smollm2 import task
 
-    return task.evaluate(model, tokenizer, task.make_dataset(split="test"), samples=s.eval_samples, seed=seed)
+    return task.evaluate(model, tokenizer, task.make_dataset(split="test", operands=s.operands),
+                         samples=s.eval_samples, seed=seed, max_completion_length=s.max_completion_length,
+                         temperature=s.temperature)
 
 
 def evaluate_start(s: Settings, path: str, seed: int) -> dict:
@@ -96,8 +101,9 @@ def evaluate_start(s: Settings, path: str, seed: int) -> dict:
                                                 AutoTokenizer.from_pretrained(path), s, seed)}
 
 
-def run_config(s: Settings, method: str, seed: int, out: str):
-    """``("rpg" | "grpo", config)`` of one run: the demo's settings, the layout, then the method's own."""
+def run_config(s: Settings, method: str, seed: int, out: str, setting: dict | None = None):
+    """``("rpg" | "grpo", config)`` of one run: the demo's settings, the layout, the method's own, then ``setting``
+    (a tuned learning rate and beta, `benchmarks/smollm2_tuned.py`)."""
     from trl import GRPOConfig
 
     from trl_rpg import RPGConfig
@@ -106,7 +112,8 @@ def run_config(s: Settings, method: str, seed: int, out: str):
     spec = dict(METHODS[method])
     kind = spec.pop("trainer")
     kwargs = smollm2_config_kwargs(out, seed=seed, max_steps=s.max_steps, steps_per_generation=s.reuse,
-                                   **({**RPG_COMMON, **spec} if kind == "rpg" else spec))
+                                   max_completion_length=s.max_completion_length, temperature=s.temperature,
+                                   **{**(RPG_COMMON if kind == "rpg" else {}), **spec, **(setting or {})})
     return kind, (RPGConfig if kind == "rpg" else GRPOConfig)(**kwargs)
 
 
@@ -114,8 +121,9 @@ _LOG_KEYS = ("kl", "entropy", "rpg/w_mean", "rpg/w_max", "rpg/clip_frac_high", "
              "rpg/clip_frac_dual", "clip_ratio/region_mean", "completions/mean_length", "completions/clipped_ratio")
 
 
-def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
-    """Train ``method`` from the untrained model; return held-out accuracy and the reward of each generation batch."""
+def train_one(s: Settings, path: str, method: str, seed: int, setting: dict | None = None) -> dict:
+    """Train ``method`` (at ``setting``: see :func:`run_config`) from the untrained model; return held-out accuracy and
+    the reward of each generation batch."""
     init_worker()
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
@@ -125,7 +133,9 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
     from trl_rpg.cli.smollm2_demo import TRAIN_PROMPTS, smollm2_lora
     from trl_rpg.smollm2 import task
 
-    kind, config = run_config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}"))
+    tag = "".join(f"-{k}{v:g}" for k, v in sorted((setting or {}).items()))
+    kind, config = run_config(s, method, seed, os.path.join(s.output_dir, f"{method}-seed{seed}-r{s.reuse}{tag}"),
+                              setting)
     tokenizer = AutoTokenizer.from_pretrained(path)
     accuracy: list = []
 
@@ -137,7 +147,8 @@ def train_one(s: Settings, path: str, method: str, seed: int) -> dict:
     t0 = time.perf_counter()
     trainer = (RPGTrainer if kind == "rpg" else GRPOTrainer)(
         model=AutoModelForCausalLM.from_pretrained(path), processing_class=tokenizer,
-        reward_funcs=task.arithmetic_reward, args=config, train_dataset=task.make_dataset(TRAIN_PROMPTS, seed=seed),
+        reward_funcs=task.arithmetic_reward, args=config,
+        train_dataset=task.make_dataset(TRAIN_PROMPTS, seed=seed, operands=s.operands),
         peft_config=smollm2_lora(), callbacks=[Evaluate()])
     trainer.remove_callback(PrinterCallback)  # the logs go to the results file
     trainer.train()

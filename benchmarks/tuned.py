@@ -1,4 +1,5 @@
-"""The driver of a tuned comparison (issue 43), shared by `asynchronous_tuned.py` and `learning_tuned.py`.
+"""The driver of a tuned comparison (issue 43), shared by `asynchronous_tuned.py`, `learning_tuned.py` and
+`smollm2_tuned.py`.
 
 A comparison is described by a `Design`: its arms, its baseline, and the off-policy "level" its runs vary (the
 staleness of the asynchronous benchmark, the batch reuse of the synchronous one) with its fresh-sample value. The
@@ -46,6 +47,20 @@ class Design:
     baseline: str
     contrasts: tuple  # (arm, against) pairs besides every arm against the baseline
     regularised: dict  # {arm: whether it has a beta to tune}
+    # prepare(s, pool, log, previous) -> what the results file keeps of it, before any run (previous: the results
+    # resumed, or None): None is the toy's (its modules frozen, every seed's SFT checkpoint built); the real model's
+    # benchmark measures each seed's start instead
+    prepare: object = None
+
+
+def prepare_toy(s, pool, log, previous=None) -> dict:
+    """The toy's preparation: its task modules frozen, the SFT checkpoint of every tuning and reported seed built."""
+    t0 = time.perf_counter()
+    freeze_toy(s)
+    seeds = sorted(set(s.tuning_seeds) | set(s.reported_seeds))
+    sft = pool.map(build_checkpoint, [(s, seed) for seed in seeds])
+    log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s)")
+    return {"sft": sft}
 
 
 def protocol(s) -> tuning.Protocol:
@@ -91,7 +106,6 @@ def run(d: Design, s, train, settings_dict, log=print, json_path: str | None = N
     check(d, s)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     info = (previous or {}).get("machine") or machine_info()
-    freeze_toy(s)
     t0 = time.perf_counter()
     runs = list((previous or {}).get("runs", []))
     done = {key(r["phase"], r["method"], r[d.level], r["seed"], r["setting"]) for r in runs}
@@ -117,9 +131,7 @@ def run(d: Design, s, train, settings_dict, log=print, json_path: str | None = N
                 if key(phase, m, level, seed, setting) not in done]
 
     with WorkerPool(s.workers) as pool:
-        seeds = sorted(set(s.tuning_seeds) | set(s.reported_seeds))
-        result["sft"] = pool.map(build_checkpoint, [(s, seed) for seed in seeds])
-        log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s)")
+        result.update((d.prepare or prepare_toy)(s, pool, log, previous))
         while True:  # tuning rounds: the protocol says what to run next from what has finished
             jobs = [(m, getattr(s, d.tune_level), seed, setting, "tune")
                     for m, setting, seed in tuning.pending_jobs(p, methods, runs)]

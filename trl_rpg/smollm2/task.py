@@ -1,4 +1,4 @@
-"""The real model's task: single-digit addition asked in plain English, with a verifiable reward.
+"""The real model's task: addition asked in plain English, with a verifiable reward.
 
 ``"What is 7 + 5? Reply with only the number."`` as a chat message; SmolLM2-135M-Instruct's chat template adds its
 default system prompt. The reward (:func:`arithmetic_reward`) is 1.0 when the reply ends (eos within the completion
@@ -7,7 +7,10 @@ budget) and its last number is the sum, else 0.0: ``"12"``, ``"7 + 5 = 12"`` and
 correctly when decoding greedily, but at temperature 1 it often rambles past the limit or misadds
 (docs/smollm2.md gives the measured start), so RL has something to fix.
 
-The 100 problems (operands 0-9) are split once, independently of any seed, into 70 training and 30 held-out ones.
+Two sizes of operand (``operands``): ``"single-digit"`` (0-9, the demo's: 100 problems split once, independently of
+any seed, into 70 training and 30 held-out ones) and ``"two-digit"`` (10-99, with carries: 8,100 problems, 64
+held out, the rest for training; the untrained model answers about a fifth to a third of them greedily and few when
+sampling at temperature 1, so a short RL run leaves every method clearly below 100%: `benchmarks/smollm2_tuned.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "MAX_COMPLETION_LENGTH",
+    "OPERANDS",
     "QUESTION",
     "arithmetic_reward",
     "evaluate",
@@ -31,26 +35,36 @@ QUESTION = "What is {a} + {b}? Reply with only the number."
 #: Tokens a reply may take: "7 + 5 = 12" is 8 tokens and eos one more.
 MAX_COMPLETION_LENGTH = 16
 _SPLIT_SEED = 39
-_TEST_SIZE = 30
+#: operand range (inclusive) and number of held-out problems, by operand size
+OPERANDS = {"single-digit": ((0, 9), 30), "two-digit": ((10, 99), 64)}
 _NUMBER = re.compile(r"-?\d+")
 
 
-def split_problems() -> dict[str, list[tuple[int, int]]]:
-    """The fixed partition of the 100 problems ``(a, b)``, ``0 <= a, b <= 9``, into ``"train"`` and ``"test"``."""
-    pool = [(a, b) for a in range(10) for b in range(10)]
+def _check_operands(operands: str) -> None:
+    if operands not in OPERANDS:
+        raise ValueError(f"operands must be one of {', '.join(map(repr, OPERANDS))}; got {operands!r}")
+
+
+def split_problems(operands: str = "single-digit") -> dict[str, list[tuple[int, int]]]:
+    """The fixed partition of the problems ``(a, b)``, both operands in the range of ``operands`` (:data:`OPERANDS`),
+    into ``"train"`` and ``"test"``."""
+    _check_operands(operands)
+    (low, high), test_size = OPERANDS[operands]
+    pool = [(a, b) for a in range(low, high + 1) for b in range(low, high + 1)]
     random.Random(_SPLIT_SEED).shuffle(pool)
-    return {"test": sorted(pool[:_TEST_SIZE]), "train": sorted(pool[_TEST_SIZE:])}
+    return {"test": sorted(pool[:test_size]), "train": sorted(pool[test_size:])}
 
 
-def make_dataset(n: int | None = None, seed: int = 0, split: str = "train"):
+def make_dataset(n: int | None = None, seed: int = 0, split: str = "train", operands: str = "single-digit"):
     """A conversational ``datasets.Dataset`` (``prompt``: one user message, ``answer``: the sum as a string) of ``n``
-    problems from ``split`` in a seeded order (the whole split when ``n`` is None; cycled when ``n`` is larger)."""
+    problems from ``split`` of ``operands``' problems in a seeded order (the whole split when ``n`` is None; cycled
+    when ``n`` is larger)."""
     from datasets import Dataset
 
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    pool = split_problems()[split]
-    rng = random.Random(f"{split}-{seed}")
+    pool = split_problems(operands)[split]
+    rng = random.Random(f"{split}-{seed}" if operands == "single-digit" else f"{operands}-{split}-{seed}")
     chosen: list[tuple[int, int]] = []
     while len(chosen) < (len(pool) if n is None else n):
         order = pool[:]
@@ -89,10 +103,10 @@ def arithmetic_reward(completions: list, answer: list, completion_ids: Sequence[
 
 
 def evaluate(model, tokenizer, dataset, *, samples: int = 0, temperature: float = 1.0, seed: int = 0,
-             batch_size: int = 64) -> dict[str, float]:
+             batch_size: int = 64, max_completion_length: int = MAX_COMPLETION_LENGTH) -> dict[str, float]:
     """Held-out accuracy: ``greedy`` (one greedy reply per problem) and, with ``samples > 0``, ``sampled`` (the mean
     reward of ``samples`` replies per problem at ``temperature``), with :func:`arithmetic_reward`'s rule (a reply cut
-    off at :data:`MAX_COMPLETION_LENGTH` tokens scores 0)."""
+    off at ``max_completion_length`` tokens scores 0)."""
     from trl_rpg.evaluation.evaluate import generate_completions
 
     prompts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
@@ -104,10 +118,10 @@ def evaluate(model, tokenizer, dataset, *, samples: int = 0, temperature: float 
                    for text, cut, ref in zip(generations.texts, generations.truncated, refs, strict=True)]
         return sum(rewards) / max(1, len(rewards))
 
-    result = {"greedy": score(generate_completions(model, tokenizer, prompts, max_new_tokens=MAX_COMPLETION_LENGTH,
+    result = {"greedy": score(generate_completions(model, tokenizer, prompts, max_new_tokens=max_completion_length,
                                                    batch_size=batch_size), answers)}
     if samples > 0:
         result["sampled"] = score(generate_completions(model, tokenizer, prompts * samples,
-                                                       max_new_tokens=MAX_COMPLETION_LENGTH, temperature=temperature,
+                                                       max_new_tokens=max_completion_length, temperature=temperature,
                                                        batch_size=batch_size, seed=seed), answers * samples)
     return result
