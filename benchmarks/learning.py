@@ -3,6 +3,7 @@ miniature).
 
     python -m benchmarks.learning            # full: 6 methods x 10 seeds x 100 steps (20-35 min on 2 CPU cores)
     python -m benchmarks.learning --quick    # 6 methods x 2 seeds x 16 steps (under 5 min)
+    python -m benchmarks.learning --resume benchmarks/results/learning.json  # continue an interrupted run
     python -m benchmarks.learning_tuned [--find-regime] [--quick]   # every arm tuned alike (issue 43): its own
                                              # command (benchmarks/learning_tuned.py)
 
@@ -193,31 +194,47 @@ def _thin_logs(logs: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def run(s: Settings, log=print) -> dict:
-    """Build the checkpoints, run every (method, seed), return the raw results and the summary."""
+def run(s: Settings, log=print, json_path: str | None = None, previous: dict | None = None) -> dict:
+    """Build the checkpoints, run every (method, seed) not already in ``previous``, return the raw results and the
+    summary; with ``json_path``, the partial result is written there after every run (``complete`` false until the
+    end), so an interrupted run loses only the runs in flight (``--resume``)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     info = machine_info()
     freeze_toy(s)
     t0 = time.perf_counter()
-    loads = [loadavg()]
+    prev_wall = (previous or {}).get("wall_s") or 0.0
+    loads = list((previous or {}).get("loadavg_samples") or []) + [loadavg()]
+    runs = list((previous or {}).get("runs", []))
+    finished = {(r["method"], r["seed"]) for r in runs}
+    result = {"settings": _settings_dict(s), "machine": info, "complete": False, "loadavg_samples": loads,
+              "runs": runs}
+    if previous is not None:
+        result["machine_earlier"] = previous.get("machine_earlier", []) + [previous.get("machine")]
     with WorkerPool(s.workers) as pool:
         sft = pool.map(build_checkpoint, [(s, seed) for seed in s.seeds])
+        result["sft"] = sft
         log(f"SFT checkpoints ready ({time.perf_counter() - t0:.0f}s): "
             + ", ".join(f"seed {r['seed']} acc {r['sft_accuracy']:.3f}" for r in sft))
         loads.append(loadavg())
 
         def done(i, r):
+            runs.append(r)
             loads.append(loadavg())
+            result["wall_s"] = round(time.perf_counter() - t0 + prev_wall, 1)
+            if json_path:
+                write_json(json_path, result)
             log(f"  {r['method']} seed {r['seed']}: held-out acc {r['accuracy'][0][1]:.3f} -> "
                 f"{r['accuracy'][-1][1]:.3f} ({r['train_s']}s, {time.perf_counter() - t0:.0f}s elapsed)")
 
-        jobs = [(s, m, seed) for seed in s.seeds for m in s.methods]  # methods interleaved within each seed
-        runs = pool.map(train_one, jobs, on_result=done)
-    wall = time.perf_counter() - t0
-    summary = summarize(s, sft, runs)
-    return {"settings": _settings_dict(s), "machine": info, "wall_s": round(wall, 1), "loadavg_samples": loads,
-                "sft": sft, "summary": summary, "runs": runs}
+        jobs = [(s, m, seed) for seed in s.seeds for m in s.methods  # methods interleaved within each seed
+                if (m, seed) not in finished]
+        pool.map(train_one, jobs, on_result=done)
+    order = {(m, seed): i for i, (m, seed) in enumerate((m, seed) for seed in s.seeds for m in s.methods)}
+    runs.sort(key=lambda r: order.get((r["method"], r["seed"]), len(order)))
+    result.update(complete=True, wall_s=round(time.perf_counter() - t0 + prev_wall, 1),
+                  summary=summarize(s, sft, runs))
+    return result
 
 
 def _settings_dict(s: Settings) -> dict:
@@ -231,6 +248,13 @@ def _settings_dict(s: Settings) -> dict:
     d["methods_config"] = {m: METHODS[m] for m in s.methods}
     d["rpg_common"] = RPG_COMMON
     return d
+
+
+def settings_from_dict(d: dict) -> Settings:
+    """The :class:`Settings` a results file was made with (``--resume``, ``--summarize``)."""
+    known = {f.name for f in dataclasses.fields(Settings)}
+    return Settings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()
+                       if k in known and k not in ("cache_dir", "output_dir", "toy_path")})
 
 
 def summarize(s: Settings, sft: list[dict], runs: list[dict]) -> dict:
@@ -409,6 +433,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, help="parallel worker processes (default 2)")
     p.add_argument("--output", help="JSON path (default benchmarks/results/learning.json; --quick: "
                                      "outputs/benchmarks/learning_quick.json)")
+    p.add_argument("--resume", metavar="JSON", help="continue a partial results file with its settings (the file is "
+                   "rewritten after every run)")
     p.add_argument("--summarize", metavar="JSON", help="recompute the summary, tables and plot of a results file")
     a = p.parse_args(argv)
     if a.summarize:
@@ -416,9 +442,7 @@ def main(argv=None):
 
         with open(a.summarize) as f:
             result = json.load(f)
-        known = {f.name for f in dataclasses.fields(Settings)}
-        s = Settings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in result["settings"].items()
-                        if k in known and k not in ("cache_dir", "output_dir", "toy_path")})
+        s = settings_from_dict(result["settings"])
         for r in result["runs"]:  # older files kept every logged step
             if "logs" in r:
                 r["log_means"] = _thin_logs(r.pop("logs"))
@@ -428,7 +452,19 @@ def main(argv=None):
         print(markdown(result))
         print(f"\nJSON: {a.summarize}\nplot: {png}")
         return result
-    s = dataclasses.replace(QUICK if a.quick else FULL)
+    previous = None
+    if a.resume:
+        import json
+
+        with open(a.resume) as f:
+            previous = json.load(f)
+        s = settings_from_dict(previous["settings"])
+        made_with, here = previous["settings"].get("toy_fingerprint"), toy_fingerprint(s.toy_path)
+        if made_with != here:
+            p.error(f"--resume: {a.resume} was made with toy task version {made_with}, this checkout's is {here}: "
+                    "its runs and new ones would not compare")
+    else:
+        s = dataclasses.replace(QUICK if a.quick else FULL)
     if a.seeds:
         s.seeds = tuple(a.seeds)
     if a.methods:
@@ -437,8 +473,8 @@ def main(argv=None):
         s.generation_batches = a.generation_batches
     if a.workers:
         s.workers = a.workers
-    json_path = a.output or default_results_path("learning", a.quick)
-    result = run(s)
+    json_path = a.resume or a.output or default_results_path("learning", a.quick)
+    result = run(s, json_path=json_path, previous=previous)
     png = plot(result, os.path.splitext(json_path)[0] + ".png")
     result["plot"] = os.path.relpath(png, os.path.dirname(json_path)) if png else None
     result["loadavg_end"] = loadavg()

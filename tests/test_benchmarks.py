@@ -24,6 +24,38 @@ def keep_threads():
     torch.set_num_threads(n)
 
 
+def test_learning_saves_after_every_run_and_resumes_only_what_is_missing(tmp_path, monkeypatch):
+    """benchmarks/learning.py with the checkpoints and the training stubbed out: the partial results file after each
+    run, and `--resume` on it running only the missing (method, seed) runs of the file's settings."""
+    trained = []
+
+    def train_one(s, method, seed):
+        trained.append((method, seed))
+        if len(trained) == 3 and interrupt:
+            raise KeyboardInterrupt
+        return {"method": method, "seed": seed, "accuracy": [[0, 0.4], [8, 0.5 + 0.01 * seed]], "rewards": [0.5],
+                "train_s": 1.0, "log_means": {}}
+
+    monkeypatch.setattr(learning, "build_checkpoint", lambda s, seed: {"seed": seed, "sft_accuracy": 0.4})
+    monkeypatch.setattr(learning, "train_one", train_one)
+    s = dataclasses.replace(learning.FULL, seeds=(0, 1), methods=("RPG-REINFORCE-URKL", "GRPO"), workers=1,
+                            cache_dir=str(tmp_path / "toy"), output_dir=str(tmp_path / "runs"))
+    path = str(tmp_path / "learning.json")
+    interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        learning.run(s, log=lambda *a: None, json_path=path)
+    partial = json.loads(open(path).read())
+    assert not partial["complete"] and [(r["method"], r["seed"]) for r in partial["runs"]] == [
+        ("RPG-REINFORCE-URKL", 0), ("GRPO", 0)]
+    interrupt, trained[:] = False, []
+    result = learning.main(["--resume", path])  # python -m benchmarks.learning --resume FILE
+    assert trained == [("RPG-REINFORCE-URKL", 1), ("GRPO", 1)]
+    assert result["complete"] and json.loads(open(path).read())["complete"]
+    assert [(r["method"], r["seed"]) for r in result["runs"]] == [("RPG-REINFORCE-URKL", 0), ("GRPO", 0),
+                                                                   ("RPG-REINFORCE-URKL", 1), ("GRPO", 1)]
+    assert result["summary"]["methods"]["GRPO"]["last_mean"] == pytest.approx(0.505)
+
+
 def test_learning_smoke(tmp_path, keep_threads):
     s = dataclasses.replace(
         learning.FULL, seeds=(0,), methods=("RPG-REINFORCE-URKL", "GRPO"), generation_batches=1, reuse=2,
