@@ -69,7 +69,7 @@ class TunedSettings(smollm2.Settings):
     temperature: float = 0.7  # training and the sampled held-out accuracy (see the module docstring)
     eval_samples: int = 4
     steps: int = 32  # optimizer steps of every run, whatever its reuse (a multiple of every reuse level)
-    eval_every: int = 16
+    eval_every: int = 32  # the end only: the score is the final accuracy (an evaluation costs as much as training)
     reuse_levels: tuple = (1, 16)
     tune_reuse: int = 16
     regime_reuse: tuple = (4,)
