@@ -378,6 +378,32 @@ def test_lora_trains_the_adapter_and_sends_the_merged_policy(model_path, tokeniz
         torch.testing.assert_close(sent[name], merged[name], atol=1e-6, rtol=0)
 
 
+def test_a_worker_holding_only_the_versions_sampling_can_use_trains_the_same(model_path, tokenizer, tmp_path,
+                                                                             grpo_parameters):
+    """`keep_versions=staleness + 1` (what a real model's benchmark needs: each version is the whole weights): the
+    same versions sample every group and the trained parameters are those of the worker that holds every version."""
+    worker = StaleRolloutWorker(model_path, prompts(), length_reward, tokenizer, num_generations=GENERATIONS,
+                                max_completion_length=LENGTH, staleness=2, seed=0,
+                                groups_per_call=BATCH // GENERATIONS, keep_versions=3)
+    held = []
+    update = worker.update_model_version
+    worker.update_model_version = lambda v: (update(v), held.append(sorted(worker.versions)))
+    args = AsyncGRPOConfig(**settings(tmp_path, gradient_accumulation_steps=2))
+    with async_trainer_on_cpu(VarlenAttention):
+        trainer = AsyncGRPOTrainer(model_path, reward_funcs=length_reward, args=args, train_dataset=prompts(),
+                                   processing_class=tokenizer, rollout_worker=worker, weight_transfer=worker)
+        trainer.train()
+    assert max(len(h) for h in held) == 3 and held[-1] == [held[-1][0] + i for i in range(3)]
+    assert len(held) >= 4 and min(worker.sampled_with) not in held[-1]  # a version that sampled was dropped
+    for name, p in parameters(trainer.model).items():
+        torch.testing.assert_close(p, grpo_parameters[name], atol=0, rtol=0)
+    for staleness, keep, why in [(2, 2, "at least staleness \\+ 1 \\(3\\); got 2"),
+                                 (lambda group: 1, 3, "needs a fixed \\(integer\\) staleness")]:
+        with pytest.raises(ValueError, match=why):
+            StaleRolloutWorker(model_path, prompts(), length_reward, tokenizer, num_generations=GENERATIONS,
+                               max_completion_length=LENGTH, staleness=staleness, keep_versions=keep)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Configuration and imports
 # ---------------------------------------------------------------------------------------------------------------------

@@ -86,18 +86,28 @@ class StaleRolloutWorker:
             a micro-batch's worth (`per_device_train_batch_size / num_generations`) is fastest.
         seed: seeds the prompt order and the sampling (the worker's own generator: the trainer's random state is
             untouched).
+        keep_versions: how many of the newest policy versions to hold (None: every one). A fixed ``staleness`` s
+            needs s + 1; fewer is refused. A real model's versions are its whole weights (0.54 GB each for a 135M
+            model): hold only what sampling can use.
     """
 
     def __init__(self, model_path: str, dataset, reward_funcs, processing_class, *, num_generations: int,
                  max_completion_length: int, temperature: float = 1.0, staleness: int | Callable[[int], int] = 0,
-                 seed: int = 0, groups_per_call: int = 1):
+                 seed: int = 0, groups_per_call: int = 1, keep_versions: int | None = None):
         from transformers import AutoModelForCausalLM
+
+        if keep_versions is not None:
+            if callable(staleness):
+                raise ValueError("StaleRolloutWorker: keep_versions needs a fixed (integer) staleness; got a function")
+            if not isinstance(keep_versions, int) or keep_versions < int(staleness) + 1:
+                raise ValueError(f"StaleRolloutWorker: keep_versions must be None or an integer of at least staleness "
+                                 f"+ 1 ({int(staleness) + 1}); got {keep_versions!r}")
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         self.dataset, self.tokenizer = dataset, processing_class
         self.reward_funcs = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
         self.num_generations, self.max_tokens, self.temperature = num_generations, max_completion_length, temperature
-        self.groups_per_call = groups_per_call
+        self.groups_per_call, self.keep_versions = groups_per_call, keep_versions
         self.staleness = staleness if callable(staleness) else (lambda group, s=staleness: s)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = random.Random(seed)
@@ -105,7 +115,7 @@ class StaleRolloutWorker:
         self.rollout_buffer = _OnDemandQueue(self._next_sample, lambda: len(self._pending))
         self.metrics_queue: queue.Queue = queue.Queue()
         self.version = 0
-        self.versions: dict[int, dict[str, torch.Tensor]] = {}  #: every policy version received, by number
+        self.versions: dict[int, dict[str, torch.Tensor]] = {}  #: the policy versions held (keep_versions), by number
         self.sampled_with: list[int] = []  #: the version that sampled each group, in order
         self._incoming: dict[str, torch.Tensor] | None = None
         self._loaded: int | None = None
@@ -142,6 +152,9 @@ class StaleRolloutWorker:
         if self._incoming is not None:  # the weights just sent are this version's
             self.versions[model_version], self._incoming = self._incoming, None
         self.version = model_version
+        if self.keep_versions is not None:
+            for old in sorted(self.versions)[:-self.keep_versions]:
+                del self.versions[old]
 
     # ---- generation ----
     def _next_sample(self):
