@@ -134,3 +134,71 @@ def test_tuned_at_reuse_16_reported_fresh_and_at_16_and_resumed_without_measurin
     starts.clear(), calls.clear()
     again = bench.run(s, log=lambda *a: None, json_path=path, previous=json.loads(open(path).read()))
     assert starts == [] and calls == [] and again["chosen"] == result["chosen"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The asynchronous variant: benchmarks/smollm2_async_tuned.py
+# ---------------------------------------------------------------------------------------------------------------------
+
+from benchmarks import smollm2_async_tuned as async_bench  # noqa: E402
+
+
+def test_async_the_tuned_setting_the_staleness_and_the_task_reach_the_trainers_config(tmp_path):
+    s = dataclasses.replace(async_bench.FULL, output_dir=str(tmp_path))
+    kind, config = async_bench.run_config(s, "AsyncGRPO+k3 IS", 8, 0, {"learning_rate": 1e-3, "beta": 0.3})
+    assert (kind, config.learning_rate, config.beta, config.use_bias_correction_kl) == ("k3", 1e-3, 0.3, True)
+    assert (config.max_staleness, config.max_steps, config.max_completion_length, config.temperature) == (8, 32, 32,
+                                                                                                          0.7)
+    assert config.per_device_train_batch_size == 16 and config.num_generations == 8
+    kind, config = async_bench.run_config(s, "AsyncRPG-UFKL", 0, 0, {"learning_rate": 2.5e-4, "beta": 0.03})
+    assert (kind, config.learning_rate, config.beta, config.rpg_divergence, config.max_staleness) == (
+        "rpg", 2.5e-4, 0.03, "ufkl", 0)
+    kind, config = async_bench.run_config(s, "AsyncRPG beta=0", 8, 0, {"learning_rate": 5e-4})
+    assert (kind, config.beta) == ("rpg", 0.0)
+    assert async_bench.run_config(s, "AsyncGRPO", 8, 0, {"learning_rate": 5e-4})[0] == "grpo"
+    assert {m for m in async_bench.ARMS if async_bench.DESIGN.regularised[m]} == {
+        "AsyncGRPO+k3", "AsyncGRPO+k3 IS", "AsyncRPG-URKL", "AsyncRPG-UFKL"}
+
+
+def test_async_settings_the_protocol_refuses():
+    with pytest.raises(ValueError, match="reported_seeds must hold at least 6 seeds"):
+        async_bench.check_settings(dataclasses.replace(async_bench.FULL, reported_seeds=(0, 1)))
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size \(12\) must be a multiple of num_generations"):
+        async_bench.check_settings(dataclasses.replace(async_bench.FULL, per_device_train_batch_size=12))
+    with pytest.raises(ValueError, match="operands must be one of"):
+        async_bench.check_settings(dataclasses.replace(async_bench.FULL, operands="x"))
+
+
+def test_async_a_run_is_scored_by_its_sampled_accuracy(monkeypatch):
+    monkeypatch.setattr(async_bench, "train_one", lambda s, method, staleness, seed, setting: {
+        "accuracy": (32, {"sampled": 0.3, "greedy": 0.4}), "steps": 32, "rewards": [0.1], "log_means": {},
+        "train_s": 5.0, "total_s": 9.0})
+    r = async_bench.tuned_run(async_bench.FULL, "AsyncRPG-URKL", 8, 100, {"learning_rate": 5e-4, "beta": 0.3}, "tune")
+    assert (r["score"], r["accuracy"], r["greedy"], r["staleness"], r["train_s"]) == (0.3, [(32, 0.3)], [(32, 0.4)],
+                                                                                      8, 5.0)
+    assert async_bench.tuned.final(r) == 0.3
+
+
+def test_async_tuned_at_staleness_8_and_reported_at_0_and_8(tmp_path, monkeypatch):
+    import trl_rpg.smollm2
+
+    calls = []
+    monkeypatch.setattr(trl_rpg.smollm2, "prepare_smollm2", lambda cache, log=None: "/model")
+    monkeypatch.setattr(bench.smollm2, "evaluate_start", lambda s, path, seed: {
+        "seed": seed, "accuracy": {"greedy": 0.25, "sampled": 0.05}})
+
+    def made_up(s, method, staleness, seed, setting, phase):
+        calls.append((method, staleness, seed, setting, phase))
+        acc = 0.4 - 0.05 * math.log(setting["learning_rate"] / 5e-4) ** 2 + 0.002 * seed
+        acc += 0.03 if (method == "AsyncRPG-URKL" and staleness == 8) else 0.0
+        return {"phase": phase, "method": method, "staleness": staleness, "seed": seed, "setting": dict(setting),
+                "accuracy": [[32, acc]], "train_s": 1.0, "score": acc}
+
+    monkeypatch.setattr(async_bench, "tuned_run", made_up)
+    s = dataclasses.replace(async_bench.FULL, workers=1, output_dir=str(tmp_path / "runs"))
+    result = async_bench.run(s, log=lambda *a: None, json_path=str(tmp_path / "r.json"))
+    assert {c[1] for c in calls if c[-1] == "tune"} == {8} and {c[1] for c in calls if c[-1] == "report"} == {0, 8}
+    assert len([c for c in calls if c[-1] == "report"]) == 6 * 2 * 6  # arms x levels x reported seeds
+    assert result["chosen"]["AsyncGRPO"] == {"learning_rate": 5e-4}
+    assert result["summary"]["paired"]["8|AsyncRPG-URKL - AsyncGRPO"]["verdict"] == "higher"
+    assert "asynchronous, two-digit sums" in async_bench.markdown(result)
