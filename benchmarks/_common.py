@@ -458,10 +458,12 @@ TASKS_PER_WORKER = 8
 
 class WorkerPool:
     """``workers`` spawned processes with one torch thread each (:func:`init_worker`), the pool replaced after every
-    ``workers * TASKS_PER_WORKER`` runs, or inline when ``workers <= 1``."""
+    ``workers * tasks_per_worker`` runs (``TASKS_PER_WORKER`` when None), or inline when ``workers <= 1``. A real
+    model's benchmark passes 1: a SmolLM2 worker kept its first run's ~6 GB through its second and was killed for
+    memory."""
 
-    def __init__(self, workers: int):
-        self.workers = workers
+    def __init__(self, workers: int, tasks_per_worker: int | None = None):
+        self.workers, self.tasks_per_worker = workers, tasks_per_worker
         self._pool = None
 
     def _new_pool(self):
@@ -493,7 +495,7 @@ class WorkerPool:
             return results
         from concurrent.futures import as_completed
 
-        chunk = self.workers * TASKS_PER_WORKER
+        chunk = self.workers * (TASKS_PER_WORKER if self.tasks_per_worker is None else self.tasks_per_worker)
         for start in range(0, len(jobs), chunk):
             if start:  # fresh processes for the next chunk of runs
                 self._pool.shutdown(wait=True)

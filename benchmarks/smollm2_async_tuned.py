@@ -36,7 +36,8 @@ from .asynchronous_tuned import ARMS, BASELINE, CONTRASTS, regularised
 
 DESIGN = tuned.Design(name="smollm2_async_tuned", level="staleness", levels="staleness", tune_level="tune_staleness",
                       regime_levels="regime_staleness", fresh=0, baseline=BASELINE, contrasts=CONTRASTS,
-                      regularised={m: regularised(m) for m in asynchronous.METHODS}, prepare=smollm2_tuned.prepare)
+                      regularised={m: regularised(m) for m in asynchronous.METHODS}, prepare=smollm2_tuned.prepare,
+                      tasks_per_worker=1)  # a fresh process per run: a real model's run does not give its memory back
 
 
 @dataclass

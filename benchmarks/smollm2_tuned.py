@@ -58,7 +58,8 @@ def prepare(s, pool, log, previous=None) -> dict:
 
 DESIGN = tuned.Design(name="smollm2_tuned", level="reuse", levels="reuse_levels", tune_level="tune_reuse",
                       regime_levels="regime_reuse", fresh=1, baseline=BASELINE, contrasts=CONTRASTS,
-                      regularised={m: regularised(m) for m in METHODS}, prepare=prepare)
+                      regularised={m: regularised(m) for m in METHODS}, prepare=prepare,
+                      tasks_per_worker=1)  # a fresh process per run: a real model's run does not give its memory back
 
 
 @dataclass

@@ -51,6 +51,7 @@ class Design:
     # resumed, or None): None is the toy's (its modules frozen, every seed's SFT checkpoint built); the real model's
     # benchmark measures each seed's start instead
     prepare: object = None
+    tasks_per_worker: int | None = None  # runs a worker process does before a fresh one (None: _common's default)
 
 
 def prepare_toy(s, pool, log, previous=None) -> dict:
@@ -130,7 +131,7 @@ def run(d: Design, s, train, settings_dict, log=print, json_path: str | None = N
         return [(s, m, level, seed, setting, phase) for m, level, seed, setting, phase in jobs
                 if key(phase, m, level, seed, setting) not in done]
 
-    with WorkerPool(s.workers) as pool:
+    with WorkerPool(s.workers, d.tasks_per_worker) as pool:
         result.update((d.prepare or prepare_toy)(s, pool, log, previous))
         while True:  # tuning rounds: the protocol says what to run next from what has finished
             jobs = [(m, getattr(s, d.tune_level), seed, setting, "tune")

@@ -574,6 +574,9 @@ def test_a_worker_process_is_replaced_after_its_share_of_runs(monkeypatch):
     chunks = [set(pids[i:i + 4]) for i in range(0, 9, 4)]
     assert len(pids) == 9 and all(isinstance(pid, int) for pid in pids)
     assert not chunks[0] & chunks[1] and not chunks[1] & chunks[2] and os.getpid() not in pids
+    with _common.WorkerPool(2, tasks_per_worker=1) as pool:  # a real model's benchmark: a fresh process per run
+        pids = pool.map(os.getpid, [()] * 4)
+    assert not set(pids[:2]) & set(pids[2:]) and len(pids) == 4
 
 
 def test_the_training_side_runs_with_the_allocator_pinned_and_a_trainer_run_with_the_defaults(monkeypatch):

@@ -115,9 +115,19 @@ def test_tuned_at_reuse_16_reported_fresh_and_at_16_and_resumed_without_measurin
     monkeypatch.setattr(bench.smollm2, "evaluate_start", lambda s, path, seed: starts.append(seed) or {
         "seed": seed, "accuracy": {"greedy": 0.25, "sampled": 0.05}})
     monkeypatch.setattr(bench, "tuned_run", lambda *job: calls.append(job) or made_up_run(*job))
+    pools = []
+
+    class RecordedPool(bench.tuned.WorkerPool):
+        def __init__(self, workers, tasks_per_worker=None):
+            pools.append(tasks_per_worker)
+            super().__init__(workers, tasks_per_worker)
+
+    monkeypatch.setattr(bench.tuned, "WorkerPool", RecordedPool)
     s = dataclasses.replace(bench.FULL, workers=1, output_dir=str(tmp_path / "runs"))
     path = str(tmp_path / "r.json")
     result = bench.run(s, log=lambda *a: None, json_path=path)
+    assert pools == [1]  # a fresh worker process per run (a SmolLM2 worker kept a run's memory through the next)
+    assert async_bench.DESIGN.tasks_per_worker == 1
     assert sorted(starts) == [0, 1, 2, 3, 4, 5, 100, 101] and result["model_path"] == "/model"
     assert result["chosen"]["DAPO"] == {"learning_rate": 5e-4}
     assert result["chosen"]["RPG-REINFORCE-URKL"] == {"learning_rate": 5e-4, "beta": 0.1}
