@@ -26,7 +26,6 @@ every setting in tuning and 0 in the report (its model is no longer trainable).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -128,8 +127,7 @@ def settings_dict(s: TunedSettings) -> dict:
 
 
 def settings_from_dict(d: dict) -> TunedSettings:
-    known = {f.name for f in dataclasses.fields(TunedSettings)}
-    return TunedSettings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+    return tuned.settings_of(TunedSettings, d)
 
 
 def markdown(result: dict) -> str:

@@ -129,8 +129,7 @@ def settings_dict(s: TunedSettings) -> dict:
 
 
 def settings_from_dict(d: dict) -> TunedSettings:
-    known = {f.name for f in dataclasses.fields(TunedSettings)}
-    return TunedSettings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+    return tuned.settings_of(TunedSettings, d)
 
 
 def markdown(result: dict) -> str:

@@ -22,7 +22,6 @@ Each seed's start is measured once. Saved after every run; `--resume` runs only 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import statistics
@@ -196,8 +195,7 @@ def settings_dict(s: TunedSettings) -> dict:
 
 
 def settings_from_dict(d: dict) -> TunedSettings:
-    known = {f.name for f in dataclasses.fields(TunedSettings)}
-    return TunedSettings(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+    return tuned.settings_of(TunedSettings, d)
 
 
 def markdown(result: dict) -> str:

@@ -64,6 +64,14 @@ def prepare_toy(s, pool, log, previous=None) -> dict:
     return {"sft": sft}
 
 
+def settings_of(cls, d: dict):
+    """The settings dataclass `cls` from a results file's settings (lists back to tuples; keys it lacks dropped)."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known})
+
+
 def protocol(s) -> tuning.Protocol:
     return tuning.Protocol(tuning_seeds=tuple(s.tuning_seeds), reported_seeds=tuple(s.reported_seeds),
                            learning_rates=tuple(s.learning_rates), betas=tuple(s.tune_betas), budget=s.budget,
