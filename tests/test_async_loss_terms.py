@@ -118,6 +118,24 @@ def answer_column(completions, answer, **kwargs):
     return [float(len(a)) for a in answer]
 
 
+def test_the_stand_in_reads_each_prompt_once_with_the_same_samples(model_path, tokenizer):
+    """`_sample(prompts, copies=k)` reads each prompt once and repeats its cache: the same tokens and log-probs as
+    reading every copy, for prompts of different lengths (left padding) kept in order."""
+    worker = worker_at_initial_weights(model_path, tokenizer, temperature=TEMPERATURE)
+    worker._load(1)
+    first, second = ([int(t) for t in tokenizer(text)["input_ids"]] for text in ("1+2", "31+4=7?"))
+    assert len(first) != len(second)
+    results = []
+    for prompts, copies in (([first, second], 3), ([first] * 3 + [second] * 3, 1)):
+        worker.generator.manual_seed(5)
+        results.append(worker._sample(prompts, copies=copies))
+    (tokens, logps), (tokens_each, logps_each) = results
+    assert tokens == tokens_each and len(tokens) == 6
+    assert tokens[0] != tokens[3] or logps[0] != logps[3]  # the two prompts' rows differ: a shuffled cache would show
+    for row, row_each in zip(logps, logps_each, strict=True):
+        assert row == pytest.approx(row_each, abs=1e-5)
+
+
 @pytest.mark.parametrize("reward_funcs", [[length_reward], [length_reward, answer_column], [unscored_first]],
                          ids=["one", "two-with-a-column", "one-unscored"])
 def test_the_stand_ins_advantages_are_trl_workers(model_path, tokenizer, reward_funcs):

@@ -179,18 +179,23 @@ class StaleRolloutWorker:
         return self.dataset[self._rows.pop(0)]
 
     @torch.no_grad()
-    def _sample(self, prompts: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
-        """One completion per prompt (left-padded into one batch): its tokens (up to and including eos) and their
-        processed log-probs."""
+    def _sample(self, prompts: list[list[int]], copies: int = 1) -> tuple[list[list[int]], list[list[float]]]:
+        """``copies`` completions of each prompt, in order (left-padded into one batch): their tokens (up to and
+        including eos) and processed log-probs. Each prompt is read once and its cache repeated ``copies`` times, the
+        same cache as reading every copy (`tests/test_async_loss_terms.py`) at 1/copies of the prompt's cost."""
         eos, width = self.tokenizer.eos_token_id, max(map(len, prompts))
         input_ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        tokens, logps = [[] for _ in prompts], [[] for _ in prompts]
-        done = torch.zeros(len(prompts), dtype=torch.bool)
+        cache, logits = out.cache, out.logits[:, -1, :].repeat_interleave(copies, dim=0)
+        cache.batch_repeat_interleave(copies)
+        mask, positions = mask.repeat_interleave(copies, dim=0), positions.repeat_interleave(copies, dim=0)
+        rows = len(prompts) * copies
+        tokens, logps = [[] for _ in range(rows)], [[] for _ in range(rows)]
+        done = torch.zeros(rows, dtype=torch.bool)
         for _ in range(self.max_tokens):
-            log_probs = torch.log_softmax(out.logits[:, -1, :].float() / self.temperature, dim=-1)
+            log_probs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
             chosen = torch.multinomial(log_probs.exp(), 1, generator=self.generator).squeeze(1)
             for i in torch.nonzero(~done).flatten().tolist():
                 tokens[i].append(int(chosen[i]))
@@ -201,7 +206,8 @@ class StaleRolloutWorker:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=chosen.unsqueeze(1), attention_mask=mask, position_ids=positions,
-                             cache=out.cache, use_cache=True)
+                             cache=cache, use_cache=True)
+            cache, logits = out.cache, out.logits[:, -1, :]
         return tokens, logps
 
     def _generate_groups(self) -> list:
@@ -211,7 +217,7 @@ class StaleRolloutWorker:
         rows = [self._next_row() for _ in range(self.groups_per_call)]
         prompts = [list(self.tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True,
                                                            return_dict=False)) for row in rows]
-        tokens, logps = self._sample([p for p in prompts for _ in range(self.num_generations)])
+        tokens, logps = self._sample(prompts, copies=self.num_generations)
         samples, n = [], self.num_generations
         for g, (row, prompt_ids) in enumerate(zip(rows, prompts)):
             self.sampled_with.append(version)
