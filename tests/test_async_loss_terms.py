@@ -119,8 +119,9 @@ def answer_column(completions, answer, **kwargs):
 
 
 def test_the_stand_in_reads_each_prompt_once_with_the_same_samples(model_path, tokenizer):
-    """`_sample(prompts, copies=k)` reads each prompt once and repeats its cache: the same tokens and log-probs as
-    reading every copy, for prompts of different lengths (left padding) kept in order."""
+    """`_sample(prompts, copies=k)` reads each prompt once and repeats its cache: the same tokens as reading every
+    copy, and every row's log-probs those of its own prompt and tokens read whole (prompts of different lengths:
+    left padding), in order."""
     worker = worker_at_initial_weights(model_path, tokenizer, temperature=TEMPERATURE)
     worker._load(1)
     first, second = ([int(t) for t in tokenizer(text)["input_ids"]] for text in ("1+2", "31+4=7?"))
@@ -129,11 +130,14 @@ def test_the_stand_in_reads_each_prompt_once_with_the_same_samples(model_path, t
     for prompts, copies in (([first, second], 3), ([first] * 3 + [second] * 3, 1)):
         worker.generator.manual_seed(5)
         results.append(worker._sample(prompts, copies=copies))
-    (tokens, logps), (tokens_each, logps_each) = results
+    (tokens, logps), (tokens_each, _) = results
     assert tokens == tokens_each and len(tokens) == 6
-    assert tokens[0] != tokens[3] or logps[0] != logps[3]  # the two prompts' rows differ: a shuffled cache would show
-    for row, row_each in zip(logps, logps_each, strict=True):
-        assert row == pytest.approx(row_each, abs=1e-5)
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    with torch.no_grad():
+        for prompt, row, row_logps in zip([first] * 3 + [second] * 3, tokens, logps, strict=True):
+            logits = model(input_ids=torch.tensor([prompt + row])).logits[0, len(prompt) - 1:-1]
+            whole = torch.log_softmax(logits / TEMPERATURE, dim=-1).gather(1, torch.tensor(row)[:, None])[:, 0]
+            assert row_logps == pytest.approx(whole.tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize("reward_funcs", [[length_reward], [length_reward, answer_column], [unscored_first]],
