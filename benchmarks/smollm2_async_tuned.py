@@ -212,8 +212,8 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def sensitivity_title(s: TunedSettings) -> str:
-    return (f"SmolLM2-135M-Instruct, asynchronous, {s.operands} sums, staleness {s.tune_staleness}: accuracy against "
-            "the step size")
+    return (f"SmolLM2-135M-Instruct, asynchronous, {s.operands} sums, staleness {s.tune_staleness}:\n"
+            "accuracy against the step size")
 
 
 def main(argv=None):

@@ -169,7 +169,7 @@ def plot(result: dict, path: str) -> str | None:
 
 
 def sensitivity_title(s: TunedSettings) -> str:
-    return f"SmolLM2-135M-Instruct, {s.operands} sums, batch reuse {s.tune_reuse}: accuracy against the step size"
+    return f"SmolLM2-135M-Instruct, {s.operands} sums, batch reuse {s.tune_reuse}:\naccuracy against the step size"
 
 
 def main(argv=None):
