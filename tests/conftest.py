@@ -45,6 +45,7 @@ MULTI_PROCESS_TESTS = {
         "test_sigterm_or_sigint_to_the_launcher_of_two_processes_exits_143_or_130_without_a_traceback"},
     "test_dynamic_sampling.py": {"test_two_processes_stay_in_step"},
     "test_grpo_equivalence.py": {"test_ddp_two_processes_train_like_grpo"},
+    "test_process_exit.py": {"test_two_gloo_processes_that_end_their_processes_exit_0"},
     "test_sampler_logps.py": {"test_two_processes_engine_trains_to_recompute_parameters"},
     "test_stuck_reward.py": {"test_a_reward_stuck_on_one_of_two_processes_ends_the_run_naming_it"},
     "test_vllm_generation.py": {"test_two_processes_each_engine_holds_the_policy_ddp",

@@ -7,13 +7,13 @@ an optimizer step stops both (the parameter guard's all-reduce)."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _processes import free_port as _free_port
 from _tiny import save_tiny_model
 from transformers import AutoModelForCausalLM
 
@@ -22,12 +22,6 @@ pytest.importorskip("requests")  # TRL's async trainer builds a vLLM client (nev
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "distributed" / "async_script.py"
 PARAM_ATOL = 1e-5  # one process against two (measured: 2e-8; the steps move them by 0.07)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(cmd: list[str], cwd: Path) -> None:

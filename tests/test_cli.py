@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _processes import free_port as _free_port
 from _tiny import console_script as _console_script
 from _tiny import save_tiny_model
 
@@ -331,14 +332,6 @@ def test_launcher_exits_with_the_training_process_status(tiny_setup):
     # the trainer's warning about another run's checkpoints, said once (the CLI adds none of its own)
     warnings = [line for line in proc.stderr.splitlines() if "already holds" in line]
     assert len(warnings) == 1 and "already holds 1 checkpoint(s) of another run (checkpoint-7)" in warnings[0]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.distributed

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _processes import free_port as _free_port
 
 from trl_rpg import cli
 from trl_rpg.cli import launcher
@@ -162,14 +163,6 @@ if rank == "0" and name != "ERROR":
     os.kill(os.getppid(), getattr(signal, name))
 time.sleep(120)
 """
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:

@@ -33,7 +33,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _processes import free_port as _free_port
 from _tiny import save_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,12 +101,6 @@ def _env() -> dict:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
     })
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _deepspeed_config_file(inline: dict, directory: Path) -> dict:

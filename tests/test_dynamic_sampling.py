@@ -10,6 +10,7 @@ from collections import Counter, defaultdict
 
 import pytest
 import torch
+from _processes import free_port
 from _tiny import cpu_args, save_tiny_model, tiny_dataset
 from datasets import IterableDataset
 
@@ -425,7 +426,7 @@ def test_two_processes_stay_in_step(tmp_path, model_path):
     # `accelerate launch --cpu --num_processes 2` wants MPI for several CPU processes; torchrun (or, equivalently,
     # `accelerate launch --multi_gpu --num_processes 2` with `use_cpu=True` in the config) sets up gloo directly
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(29500 + os.getpid() % 1000), DDP_SCRIPT, model_path, str(out)],
+                           "--master_port", str(free_port()), DDP_SCRIPT, model_path, str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.load(open(out / f"rank{r}.json")) for r in range(2)]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from _equivalence import (
     prompts,
     three_rewards,
 )
+from _processes import free_port as _free_port
 from _tiny import length_reward, save_tiny_model
 from trl import GRPOTrainer
 
@@ -416,12 +416,6 @@ def test_rpg_reinforce_without_kl_and_dual_clip_has_grpo_gradient(tmp_path, mode
 # ----------------------------------------------------------------------------------------------------------------
 # Two processes (DDP on CPU)
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _ddp_cpu_config(directory: Path) -> Path:

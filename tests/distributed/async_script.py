@@ -12,6 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for _tiny
 
+from _processes import end_processes  # noqa: E402
 from _tiny import length_reward  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
@@ -79,3 +80,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_processes()  # only after a run that succeeded: a failed one exits at once

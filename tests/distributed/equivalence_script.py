@@ -35,6 +35,7 @@ from _equivalence import (  # noqa: E402
     prompts,
     three_rewards,
 )
+from _processes import end_processes  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 
@@ -76,3 +77,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_processes()  # only after a run that succeeded: a failed one exits at once

@@ -33,6 +33,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _tiny.py
 
+from _processes import end_processes  # noqa: E402
 from _tiny import cpu_args, length_reward, tiny_dataset  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 from transformers import AutoTokenizer, TrainerCallback  # noqa: E402
@@ -226,3 +227,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_processes()  # only after a run that succeeded: a failed one exits at once

@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(HERE))  # tests/, for _tiny.py and _fake_vllm
 import torch  # noqa: E402
 from _equivalence import lora_config  # noqa: E402
 from _fake_vllm import difference, engine_of, gathered, policy_weights, record_syncs, served  # noqa: E402
+from _processes import end_processes  # noqa: E402
 from _tiny import cpu_args, length_reward, tiny_dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
@@ -113,3 +114,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    end_processes()  # only after a run that succeeded: a failed one exits at once

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
 import torch  # noqa: E402
 from _helpers import RecordingTrainer, SubsetReward  # noqa: E402
+from _processes import end_processes  # noqa: E402
 from _tiny import cpu_args, tiny_dataset  # noqa: E402
 
 from trl_rpg import RPGConfig  # noqa: E402
@@ -44,3 +45,4 @@ def main(model, out):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    end_processes()  # only after a run that succeeded: a failed one exits at once
